@@ -8,7 +8,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "agentd", version, about = "LLM inference for agentic workloads")]
+#[command(
+    name = "agentd",
+    version,
+    about = "LLM inference for agentic workloads"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,8 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the version.
-    Version,
+    /// Discrete-event simulation of the scheduler and KV allocator under agent load.
+    Simulate(cmd::simulate::SimulateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,9 +34,6 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Version => {
-            println!("{}", env!("CARGO_PKG_VERSION"));
-            Ok(())
-        }
+        Command::Simulate(args) => cmd::simulate::run(args),
     }
 }

@@ -1,1 +1,4 @@
 //! One module per subcommand.
+
+pub mod scheduler_args;
+pub mod simulate;

@@ -1,0 +1,383 @@
+//! One replica's KV cache: the block pool plus every program's block table.
+//!
+//! Unlike a request-level engine, a program's block table survives between its
+//! requests: when the next turn arrives its prompt usually extends the previous
+//! context, so the program's own blocks — including the partially filled last
+//! block, which a hash-only cache cannot reuse — are matched first, then the
+//! shared prefix cache.
+
+use std::collections::HashMap;
+
+use tracing::trace;
+
+use crate::hash::{hash_block, hash_blocks};
+use crate::pool::Exclusivity;
+use crate::program::ProgramKv;
+use crate::{BlockHash, BlockId, BlockPool, KvError, ProgramId};
+
+/// Result of aligning a program's KV with the context it is about to extend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixMatch {
+    /// Tokens already computed (no prefill needed): `own_tokens + shared_tokens`.
+    pub cached_tokens: usize,
+    /// Of those, tokens that came from the program's own, still-resident table.
+    pub own_tokens: usize,
+    /// Of those, tokens revived or shared from the replica's prefix cache.
+    pub shared_tokens: usize,
+}
+
+/// What of a chain of block hashes survives on this replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProbeResult {
+    /// Leading blocks of the chain present in the cache (referenced or evictable).
+    pub cached_blocks: usize,
+    /// Of those, leading blocks currently referenced by some program (sharing
+    /// them costs no extra memory).
+    pub referenced_blocks: usize,
+}
+
+/// Prefix-cache counters in tokens, with vLLM's meaning: a query is a prompt
+/// token looked up when a computation (re)starts, a hit one found computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheStats {
+    pub query_tokens: u64,
+    pub hit_tokens: u64,
+}
+
+/// Per-replica KV bookkeeping.
+#[derive(Debug)]
+pub struct KvCache {
+    pool: BlockPool,
+    block_size: usize,
+    salt: u64,
+    programs: HashMap<ProgramId, ProgramKv>,
+    stats: CacheStats,
+}
+
+impl KvCache {
+    pub fn new(num_blocks: usize, block_size: usize, salt: u64) -> Self {
+        assert!(block_size > 0, "block size must be positive");
+        Self {
+            pool: BlockPool::new(num_blocks),
+            block_size,
+            salt,
+            programs: HashMap::new(),
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+    /// Fraction of blocks referenced by some program (vLLM's `kv_cache_usage_perc`).
+    pub fn usage(&self) -> f64 {
+        self.pool.num_referenced() as f64 / self.pool.num_blocks().max(1) as f64
+    }
+    /// Blocks needed to hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size)
+    }
+
+    pub fn contains(&self, p: ProgramId) -> bool {
+        self.programs.contains_key(&p)
+    }
+    pub fn is_resident(&self, p: ProgramId) -> bool {
+        self.programs.get(&p).is_some_and(ProgramKv::is_resident)
+    }
+    pub fn num_computed(&self, p: ProgramId) -> usize {
+        self.programs.get(&p).map_or(0, |k| k.num_computed)
+    }
+    pub fn blocks_held(&self, p: ProgramId) -> usize {
+        self.programs.get(&p).map_or(0, |k| k.blocks.len())
+    }
+    /// Blocks of `p` that no other program references.
+    pub fn exclusive_blocks(&self, p: ProgramId) -> usize {
+        self.programs.get(&p).map_or(0, |k| k.exclusive)
+    }
+    pub fn block_table(&self, p: ProgramId) -> &[BlockId] {
+        self.programs.get(&p).map_or(&[], |k| &k.blocks)
+    }
+    /// Content hashes of `p`'s full computed blocks (kept while paused).
+    pub fn program_hashes(&self, p: ProgramId) -> &[BlockHash] {
+        self.programs.get(&p).map_or(&[], |k| &k.hashes)
+    }
+
+    /// Aligns `p`'s KV with `tokens`, the full context its next computation
+    /// extends (a new turn's prompt, or the context of a program being restored).
+    ///
+    /// Keeps the longest prefix of `p`'s own table that still matches (its partial
+    /// last block too), releases the rest, then extends the match through the
+    /// replica's prefix cache. The last token is never reported as cached: its
+    /// logits must be computed.
+    pub fn match_prefix(&mut self, p: ProgramId, tokens: &[u32]) -> PrefixMatch {
+        let bs = self.block_size;
+        let mut kv = self.programs.remove(&p).unwrap_or_default();
+        let limit = tokens.len().saturating_sub(1);
+        let want = hash_blocks(None, &tokens[..limit / bs * bs], bs, self.salt);
+
+        // 1. The program's own resident blocks.
+        let full_own = (kv.num_computed / bs).min(kv.blocks.len());
+        let mut keep = 0;
+        while keep < full_own && keep < want.len() && kv.hashes[keep] == want[keep] {
+            keep += 1;
+        }
+        let mut own_tokens = keep * bs;
+        let tail_ok = keep == kv.hashes.len()
+            && keep == full_own
+            && kv.blocks.len() > keep
+            && !kv.tail.is_empty()
+            && keep * bs + kv.tail.len() <= limit
+            && tokens[keep * bs..keep * bs + kv.tail.len()] == kv.tail[..];
+        let keep_blocks = if tail_ok {
+            own_tokens += kv.tail.len();
+            keep + 1
+        } else {
+            kv.tail.clear();
+            keep
+        };
+        self.truncate(p, &mut kv, keep_blocks);
+        kv.hashes.truncate(keep);
+
+        // 2. The shared prefix cache (only when the own table ended block-aligned).
+        let mut shared_blocks = 0;
+        if !tail_ok {
+            for &h in &want[keep..] {
+                let Some(b) = self.pool.lookup(h) else { break };
+                let ex = self.pool.acquire(b, p);
+                self.note_acquire(p, &mut kv, ex);
+                kv.blocks.push(b);
+                kv.hashes.push(h);
+                shared_blocks += 1;
+            }
+        }
+        let shared_tokens = shared_blocks * bs;
+        kv.num_computed = own_tokens + shared_tokens;
+        kv.num_slots = kv.num_computed;
+        self.stats.query_tokens += tokens.len() as u64;
+        self.stats.hit_tokens += kv.num_computed as u64;
+        trace!(program = %p, own_tokens, shared_tokens, prompt = tokens.len(), "prefix match");
+        self.programs.insert(p, kv);
+        PrefixMatch {
+            cached_tokens: own_tokens + shared_tokens,
+            own_tokens,
+            shared_tokens,
+        }
+    }
+
+    /// Blocks `p` needs beyond what it holds to compute `n` more tokens.
+    pub fn blocks_needed(&self, p: ProgramId, n: usize) -> usize {
+        let kv = self.programs.get(&p);
+        let (computed, held) = kv.map_or((0, 0), |k| (k.num_computed, k.blocks.len()));
+        self.blocks_for(computed + n).saturating_sub(held)
+    }
+
+    /// Ensures slots for the next `n` tokens of `p`. All or nothing: on
+    /// `OutOfBlocks` nothing was taken.
+    pub fn allocate_slots(&mut self, p: ProgramId, n: usize) -> Result<(), KvError> {
+        let needed = self.blocks_needed(p, n);
+        let available = self.pool.num_available();
+        if needed > available {
+            return Err(KvError::OutOfBlocks { needed, available });
+        }
+        let mut kv = self.programs.remove(&p).unwrap_or_default();
+        for _ in 0..needed {
+            // Cannot fail: availability was checked above and nothing else runs.
+            let Some(b) = self.pool.allocate(p) else {
+                break;
+            };
+            kv.exclusive += 1;
+            kv.blocks.push(b);
+        }
+        kv.num_slots = kv.num_slots.max(kv.num_computed + n);
+        self.programs.insert(p, kv);
+        Ok(())
+    }
+
+    /// Slot ids (`block * block_size + offset`) of `p`'s next `n` tokens, which
+    /// must have been allocated.
+    pub fn slot_mapping(&self, p: ProgramId, n: usize) -> Result<Vec<u32>, KvError> {
+        let kv = self.programs.get(&p).ok_or(KvError::UnknownProgram(p))?;
+        let bs = self.block_size;
+        let capacity = kv.blocks.len() * bs;
+        if kv.num_computed + n > capacity {
+            return Err(KvError::CommitBeyondSlots {
+                program: p,
+                committing: n,
+                allocated: capacity - kv.num_computed,
+            });
+        }
+        Ok((kv.num_computed..kv.num_computed + n)
+            .map(|pos| kv.blocks[pos / bs].0 * bs as u32 + (pos % bs) as u32)
+            .collect())
+    }
+
+    /// Marks `tokens` (the next tokens of `p`'s context) as computed: their K/V
+    /// are now in the blocks. Blocks that become full get their chained hash and
+    /// join the prefix cache.
+    pub fn commit(&mut self, p: ProgramId, tokens: &[u32]) -> Result<(), KvError> {
+        let bs = self.block_size;
+        let kv = self
+            .programs
+            .get_mut(&p)
+            .ok_or(KvError::UnknownProgram(p))?;
+        let allocated = kv.blocks.len() * bs - kv.num_computed;
+        if tokens.len() > allocated {
+            return Err(KvError::CommitBeyondSlots {
+                program: p,
+                committing: tokens.len(),
+                allocated,
+            });
+        }
+        for &t in tokens {
+            kv.tail.push(t);
+            if kv.tail.len() == bs {
+                let h = hash_block(kv.hashes.last().copied(), &kv.tail, self.salt);
+                let b = kv.blocks[kv.hashes.len()];
+                self.pool.register_hash(b, h);
+                kv.hashes.push(h);
+                kv.tail.clear();
+            }
+        }
+        kv.num_computed += tokens.len();
+        kv.num_slots = kv.num_slots.max(kv.num_computed);
+        Ok(())
+    }
+
+    /// Drops all of `p`'s block references: full blocks become evictable cached
+    /// blocks (a quick restore re-hits them), the partial tail block is freed.
+    /// The chain of hashes is kept so the scheduler can probe what survives.
+    pub fn pause(&mut self, p: ProgramId) {
+        if let Some(mut kv) = self.programs.remove(&p) {
+            self.truncate(p, &mut kv, 0);
+            kv.tail.clear();
+            kv.num_computed = 0;
+            kv.num_slots = 0;
+            self.programs.insert(p, kv);
+        }
+    }
+
+    /// Forgets `p` entirely (the program ended).
+    pub fn release(&mut self, p: ProgramId) {
+        self.pause(p);
+        self.programs.remove(&p);
+    }
+
+    /// Probes which leading blocks of a hash chain are cached here.
+    pub fn probe(&self, chain: &[BlockHash]) -> ProbeResult {
+        let mut r = ProbeResult::default();
+        let mut referenced_run = true;
+        for &h in chain {
+            let Some(b) = self.pool.lookup(h) else { break };
+            r.cached_blocks += 1;
+            referenced_run &= self.pool.ref_count(b) > 0;
+            if referenced_run {
+                r.referenced_blocks += 1;
+            }
+        }
+        r
+    }
+
+    /// Releases `kv.blocks[keep..]`, last block first so the LRU evicts the end
+    /// of a chain before its beginning (a prefix is only useful whole).
+    fn truncate(&mut self, p: ProgramId, kv: &mut ProgramKv, keep: usize) {
+        while kv.blocks.len() > keep {
+            let Some(b) = kv.blocks.pop() else { break };
+            match self.pool.release(b, p) {
+                Exclusivity::Caller => kv.exclusive -= 1,
+                Exclusivity::Gained(q) => self.adjust_exclusive(q, 1),
+                Exclusivity::Lost(_) | Exclusivity::Unchanged => {}
+            }
+        }
+        kv.num_computed = kv.num_computed.min(keep * self.block_size);
+        kv.num_slots = kv.num_slots.min(keep * self.block_size);
+    }
+
+    fn note_acquire(&mut self, _p: ProgramId, kv: &mut ProgramKv, ex: Exclusivity) {
+        match ex {
+            Exclusivity::Caller => kv.exclusive += 1,
+            Exclusivity::Lost(q) => self.adjust_exclusive(q, -1),
+            Exclusivity::Gained(_) | Exclusivity::Unchanged => {}
+        }
+    }
+
+    fn adjust_exclusive(&mut self, q: ProgramId, delta: isize) {
+        if let Some(k) = self.programs.get_mut(&q) {
+            k.exclusive = k.exclusive.saturating_add_signed(delta);
+        } else {
+            debug_assert!(false, "block owned by unknown program {q}");
+        }
+    }
+
+    /// Checks every invariant in the crate docs. O(blocks); the engine calls it
+    /// after each step in debug builds.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        let n = self.pool.num_blocks();
+        let mut refs = vec![0u32; n];
+        let mut xor = vec![0u64; n];
+        for (p, kv) in &self.programs {
+            let mut exclusive = 0;
+            for b in &kv.blocks {
+                refs[b.0 as usize] += 1;
+                xor[b.0 as usize] ^= p.0;
+            }
+            for b in &kv.blocks {
+                if self.pool.ref_count(*b) == 1 {
+                    exclusive += 1;
+                }
+            }
+            if exclusive != kv.exclusive {
+                return Err(format!(
+                    "{p}: exclusive count {} but {exclusive} blocks with ref 1",
+                    kv.exclusive
+                ));
+            }
+            if kv.num_computed > kv.blocks.len() * self.block_size || kv.num_slots < kv.num_computed
+            {
+                return Err(format!(
+                    "{p}: computed {} slots {} blocks {}",
+                    kv.num_computed,
+                    kv.num_slots,
+                    kv.blocks.len()
+                ));
+            }
+            if kv.is_resident() && kv.hashes.len() != kv.num_computed / self.block_size {
+                return Err(format!(
+                    "{p}: {} hashes for {} computed tokens",
+                    kv.hashes.len(),
+                    kv.num_computed
+                ));
+            }
+            for (i, h) in kv.hashes.iter().enumerate().take(kv.blocks.len()) {
+                // A full block either carries its content hash or stayed unhashed
+                // because another block already held that hash.
+                let b = kv.blocks[i];
+                if let Some(bh) = self.pool.hash_of(b) {
+                    if bh != *h {
+                        return Err(format!("{p}: block {i} hash mismatch"));
+                    }
+                }
+            }
+        }
+        for i in 0..n {
+            let b = BlockId(i as u32);
+            if refs[i] != self.pool.ref_count(b) {
+                return Err(format!(
+                    "block {i}: refcount {} but {} table references",
+                    self.pool.ref_count(b),
+                    refs[i]
+                ));
+            }
+            if refs[i] > 0 && xor[i] != self.pool.owner_xor(b) {
+                return Err(format!("block {i}: owner set out of date"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,243 @@
+//! The block pool: every block of one replica's KV cache, and where it is.
+//!
+//! A block is in exactly one of three places:
+//! * **free** — no references, no valid hash (a stack: any order will do);
+//! * **evictable** — no references, but its content hash is still valid and
+//!   registered, so a later prefix match can revive it (an LRU; eviction takes
+//!   the least recently released);
+//! * **referenced** — held by one or more program block tables.
+//!
+//! Allocation prefers truly free blocks and only then evicts the LRU head, so
+//! cached content lives as long as possible.
+//!
+//! Each block also carries the XOR of the ids of the programs that reference it.
+//! When the refcount is 1 that XOR *is* the sole owner, which lets the cache keep
+//! per-program exclusive-block counts exact in O(1) (the scheduler weighs only the
+//! exclusive blocks of acting programs).
+
+use std::collections::HashMap;
+
+use crate::lru::Lru;
+use crate::{BlockHash, ProgramId};
+
+/// Index of a block in its replica's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Block {
+    ref_count: u32,
+    hash: Option<BlockHash>,
+    owner_xor: u64,
+}
+
+/// How a reference change altered who exclusively owns a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exclusivity {
+    /// No program gained or lost sole ownership besides the caller's own +-1.
+    Unchanged,
+    /// The caller is now the sole owner (refcount went 0 → 1) or stopped being
+    /// one (1 → 0).
+    Caller,
+    /// Another program stopped being the sole owner (1 → 2).
+    Lost(ProgramId),
+    /// Another program became the sole owner (2 → 1).
+    Gained(ProgramId),
+}
+
+/// All blocks of one replica.
+#[derive(Debug)]
+pub struct BlockPool {
+    blocks: Vec<Block>,
+    free: Vec<u32>,
+    evictable: Lru,
+    by_hash: HashMap<BlockHash, u32>,
+    num_referenced: usize,
+}
+
+impl BlockPool {
+    pub fn new(num_blocks: usize) -> Self {
+        assert!(num_blocks < u32::MAX as usize, "block ids are u32");
+        Self {
+            blocks: vec![Block::default(); num_blocks],
+            // Reversed so block 0 is handed out first (readable traces).
+            free: (0..num_blocks as u32).rev().collect(),
+            evictable: Lru::new(num_blocks),
+            by_hash: HashMap::with_capacity(num_blocks),
+            num_referenced: 0,
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+    /// Blocks an allocation can take: free plus evictable.
+    pub fn num_available(&self) -> usize {
+        self.free.len() + self.evictable.len()
+    }
+    pub fn num_free(&self) -> usize {
+        self.free.len()
+    }
+    pub fn num_evictable(&self) -> usize {
+        self.evictable.len()
+    }
+    pub fn num_referenced(&self) -> usize {
+        self.num_referenced
+    }
+    pub fn ref_count(&self, b: BlockId) -> u32 {
+        self.blocks[b.0 as usize].ref_count
+    }
+    pub fn hash_of(&self, b: BlockId) -> Option<BlockHash> {
+        self.blocks[b.0 as usize].hash
+    }
+
+    /// The block carrying this content hash, if it is still cached (referenced or evictable).
+    pub fn lookup(&self, h: BlockHash) -> Option<BlockId> {
+        self.by_hash.get(&h).map(|&i| BlockId(i))
+    }
+
+    /// Takes a fresh block for `owner` (refcount 1). Evicts the least recently
+    /// used cached block when no free block is left.
+    pub(crate) fn allocate(&mut self, owner: ProgramId) -> Option<BlockId> {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = self.evictable.pop_front()?;
+                if let Some(h) = self.blocks[i as usize].hash.take() {
+                    self.by_hash.remove(&h);
+                }
+                i
+            }
+        };
+        self.blocks[i as usize] = Block {
+            ref_count: 1,
+            hash: None,
+            owner_xor: owner.0,
+        };
+        self.num_referenced += 1;
+        Some(BlockId(i))
+    }
+
+    /// Adds a reference from `owner` to a cached block (a prefix hit).
+    pub(crate) fn acquire(&mut self, b: BlockId, owner: ProgramId) -> Exclusivity {
+        let blk = &mut self.blocks[b.0 as usize];
+        let before = blk.ref_count;
+        let prev_owner = blk.owner_xor;
+        blk.ref_count += 1;
+        blk.owner_xor ^= owner.0;
+        match before {
+            0 => {
+                self.evictable.remove(b.0);
+                self.num_referenced += 1;
+                Exclusivity::Caller
+            }
+            1 => Exclusivity::Lost(ProgramId(prev_owner)),
+            _ => Exclusivity::Unchanged,
+        }
+    }
+
+    /// Drops a reference of `owner`. At refcount 0 a hashed block becomes
+    /// evictable (most recently used end), an unhashed one free.
+    pub(crate) fn release(&mut self, b: BlockId, owner: ProgramId) -> Exclusivity {
+        let blk = &mut self.blocks[b.0 as usize];
+        debug_assert!(blk.ref_count > 0, "release of unreferenced block {b:?}");
+        blk.ref_count -= 1;
+        blk.owner_xor ^= owner.0;
+        match blk.ref_count {
+            0 => {
+                blk.owner_xor = 0;
+                if blk.hash.is_some() {
+                    self.evictable.push_back(b.0);
+                } else {
+                    self.free.push(b.0);
+                }
+                self.num_referenced -= 1;
+                Exclusivity::Caller
+            }
+            1 => Exclusivity::Gained(ProgramId(blk.owner_xor)),
+            _ => Exclusivity::Unchanged,
+        }
+    }
+
+    /// Registers the content hash of a block that just became full. If another
+    /// block already carries this hash (two programs computed the same content
+    /// concurrently), this one stays unhashed and is simply freed when released:
+    /// the map must point at exactly one block per hash.
+    pub(crate) fn register_hash(&mut self, b: BlockId, h: BlockHash) -> bool {
+        if self.by_hash.contains_key(&h) {
+            return false;
+        }
+        self.by_hash.insert(h, b.0);
+        self.blocks[b.0 as usize].hash = Some(h);
+        true
+    }
+
+    /// Checks invariants 1 and 3 (see the crate docs); refcounts against the
+    /// block tables are checked by the cache, which owns the tables.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let n = self.blocks.len();
+        let mut place = vec![0u8; n];
+        for &i in &self.free {
+            place[i as usize] += 1;
+            let b = &self.blocks[i as usize];
+            if b.ref_count != 0 || b.hash.is_some() {
+                return Err(format!(
+                    "free block {i} has ref {} hash {:?}",
+                    b.ref_count, b.hash
+                ));
+            }
+        }
+        for i in self.evictable.iter() {
+            place[i as usize] += 1;
+            let b = &self.blocks[i as usize];
+            if b.ref_count != 0 || b.hash.is_none() {
+                return Err(format!(
+                    "evictable block {i} has ref {} hash {:?}",
+                    b.ref_count, b.hash
+                ));
+            }
+        }
+        let mut referenced = 0;
+        for (i, b) in self.blocks.iter().enumerate() {
+            if b.ref_count > 0 {
+                place[i] += 1;
+                referenced += 1;
+            }
+            if place[i] != 1 {
+                return Err(format!(
+                    "block {i} is in {} places (ref {})",
+                    place[i], b.ref_count
+                ));
+            }
+            if let Some(h) = b.hash {
+                if self.by_hash.get(&h) != Some(&(i as u32)) {
+                    return Err(format!(
+                        "block {i} carries a hash the map does not point at it"
+                    ));
+                }
+            }
+        }
+        if referenced != self.num_referenced {
+            return Err(format!(
+                "num_referenced {} but {referenced} blocks referenced",
+                self.num_referenced
+            ));
+        }
+        if self.evictable.len() + self.free.len() + referenced != n {
+            return Err("free + evictable + referenced != total".into());
+        }
+        for (h, &i) in &self.by_hash {
+            if self.blocks[i as usize].hash != Some(*h) {
+                return Err(format!(
+                    "hash map points at block {i} which does not carry that hash"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// XOR of the owners of `b`, for the cache's refcount checks.
+    pub(crate) fn owner_xor(&self, b: BlockId) -> u64 {
+        self.blocks[b.0 as usize].owner_xor
+    }
+}

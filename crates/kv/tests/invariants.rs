@@ -1,0 +1,88 @@
+//! Property test: random interleavings of the allocator's operations keep every
+//! pool invariant (each block exactly one of free/evictable/referenced, refcounts
+//! equal table references, hash map consistent, exclusive counts exact).
+
+use agentd_kv::{KvCache, ProgramId};
+use proptest::prelude::*;
+
+const BS: usize = 4;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Start a turn: the context grows by `extra` tokens from a small alphabet of
+    /// stems so programs share prefixes often.
+    Turn {
+        p: u8,
+        stem: u8,
+        extra: u8,
+    },
+    /// Decode some tokens.
+    Decode {
+        p: u8,
+        n: u8,
+    },
+    Pause {
+        p: u8,
+    },
+    Release {
+        p: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..6, 0u8..3, 0u8..24).prop_map(|(p, stem, extra)| Op::Turn { p, stem, extra }),
+        4 => (0u8..6, 1u8..10).prop_map(|(p, n)| Op::Decode { p, n }),
+        2 => (0u8..6).prop_map(|p| Op::Pause { p }),
+        1 => (0u8..6).prop_map(|p| Op::Release { p }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn random_operations_keep_invariants(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut kv = KvCache::new(24, BS, 0);
+        // The engine-side context of each program.
+        let mut ctx: Vec<Vec<u32>> = vec![Vec::new(); 6];
+        for op in ops {
+            match op {
+                Op::Turn { p, stem, extra } => {
+                    let c = &mut ctx[p as usize];
+                    if c.is_empty() {
+                        c.extend((0..8).map(|i| stem as u32 * 1000 + i));
+                    }
+                    c.extend((0..extra as u32).map(|i| p as u32 * 7 + i % 3));
+                    let m = kv.match_prefix(ProgramId(p as u64), c);
+                    prop_assert!(m.cached_tokens < c.len().max(1));
+                    let rest = c[m.cached_tokens..].to_vec();
+                    if kv.allocate_slots(ProgramId(p as u64), rest.len()).is_ok() {
+                        kv.commit(ProgramId(p as u64), &rest).unwrap();
+                    } else {
+                        kv.pause(ProgramId(p as u64));
+                    }
+                }
+                Op::Decode { p, n } => {
+                    let id = ProgramId(p as u64);
+                    if kv.is_resident(id) && kv.num_computed(id) == ctx[p as usize].len() {
+                        let new: Vec<u32> = (0..n as u32).map(|i| 50 + i).collect();
+                        if kv.allocate_slots(id, new.len()).is_ok() {
+                            kv.commit(id, &new).unwrap();
+                            ctx[p as usize].extend(new);
+                        }
+                    }
+                }
+                Op::Pause { p } => kv.pause(ProgramId(p as u64)),
+                Op::Release { p } => {
+                    kv.release(ProgramId(p as u64));
+                    ctx[p as usize].clear();
+                }
+            }
+            if let Err(e) = kv.check_invariants() {
+                return Err(TestCaseError::fail(e));
+            }
+            let pool = kv.pool();
+            prop_assert_eq!(pool.num_free() + pool.num_evictable() + pool.num_referenced(), pool.num_blocks());
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Minimal SVG line plots: panels side by side sharing the x axis meaning.
+
+use std::fmt::Write;
+
+const COLORS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+];
+const PANEL_W: f64 = 420.0;
+const PANEL_H: f64 = 300.0;
+const MARGIN_L: f64 = 64.0;
+const MARGIN_R: f64 = 16.0;
+const MARGIN_T: f64 = 48.0;
+const MARGIN_B: f64 = 48.0;
+
+/// One line: points (x, y) in data coordinates.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One chart.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<Series>,
+    /// Force the y axis to start at zero.
+    pub y_from_zero: bool,
+}
+
+/// Several panels in a row, with a title.
+#[derive(Debug, Clone)]
+pub struct Plot {
+    pub title: String,
+    pub panels: Vec<Panel>,
+}
+
+fn nice_max(v: f64) -> f64 {
+    if v <= 0.0 || !v.is_finite() {
+        return 1.0;
+    }
+    let mag = 10f64.powf(v.log10().floor());
+    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+        if m * mag >= v {
+            return m * mag;
+        }
+    }
+    10.0 * mag
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn fmt_tick(v: f64) -> String {
+    if v.abs() >= 1000.0 || v == v.trunc() {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+impl Plot {
+    /// Renders the plot as a standalone SVG document.
+    pub fn to_svg(&self) -> String {
+        let w = PANEL_W * self.panels.len().max(1) as f64;
+        let h = PANEL_H + 60.0;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="20" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
+            w / 2.0,
+            esc(&self.title)
+        );
+        for (i, p) in self.panels.iter().enumerate() {
+            p.render(&mut s, i as f64 * PANEL_W);
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+impl Panel {
+    fn render(&self, s: &mut String, x0: f64) {
+        let pts = self.series.iter().flat_map(|se| se.points.iter());
+        let (mut xmin, mut xmax, mut ymin, mut ymax) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+        for &(x, y) in pts {
+            xmin = xmin.min(x);
+            xmax = xmax.max(x);
+            ymin = ymin.min(y);
+            ymax = ymax.max(y);
+        }
+        if xmin > xmax {
+            (xmin, xmax, ymin, ymax) = (0.0, 1.0, 0.0, 1.0);
+        }
+        if xmax == xmin {
+            xmax = xmin + 1.0;
+        }
+        if self.y_from_zero || ymin >= 0.0 {
+            ymin = 0.0;
+        }
+        let ymax = nice_max(ymax.max(ymin + 1e-9));
+        let (pl, pt) = (x0 + MARGIN_L, MARGIN_T);
+        let (pw, ph) = (
+            PANEL_W - MARGIN_L - MARGIN_R,
+            PANEL_H - MARGIN_T - MARGIN_B + 40.0,
+        );
+        let sx = |x: f64| pl + (x - xmin) / (xmax - xmin) * pw;
+        let sy = |y: f64| pt + ph - (y - ymin) / (ymax - ymin) * ph;
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{}</text>"#,
+            pl + pw / 2.0,
+            pt - 14.0,
+            esc(&self.title)
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{pl}" y="{pt}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##
+        );
+        for k in 0..=4 {
+            let v = ymin + (ymax - ymin) * k as f64 / 4.0;
+            let y = sy(v);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{pl}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+                pl + pw,
+                pl - 4.0,
+                y + 4.0,
+                fmt_tick(v)
+            );
+        }
+        let mut xs: Vec<f64> = self
+            .series
+            .iter()
+            .flat_map(|se| se.points.iter().map(|p| p.0))
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        for x in xs {
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+                sx(x),
+                pt + ph + 16.0,
+                fmt_tick(x)
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            pl + pw / 2.0,
+            pt + ph + 34.0,
+            esc(&self.x_label)
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" transform="rotate(-90 {} {})">{}</text>"#,
+            x0 + 14.0,
+            pt + ph / 2.0,
+            x0 + 14.0,
+            pt + ph / 2.0,
+            esc(&self.y_label)
+        );
+        for (i, se) in self.series.iter().enumerate() {
+            let c = COLORS[i % COLORS.len()];
+            let path: Vec<String> = se
+                .points
+                .iter()
+                .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
+                path.join(" ")
+            );
+            for &(x, y) in &se.points {
+                let _ = writeln!(
+                    s,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#,
+                    sx(x),
+                    sy(y)
+                );
+            }
+            let ly = pt + 14.0 + 16.0 * i as f64;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
+                pl + 8.0,
+                pl + 28.0,
+                pl + 32.0,
+                ly + 4.0,
+                esc(&se.name)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_series_and_escapes_text() {
+        let plot = Plot {
+            title: "a < b".into(),
+            panels: vec![Panel {
+                title: "steps/min".into(),
+                x_label: "concurrency".into(),
+                y_label: "steps/min".into(),
+                series: vec![
+                    Series {
+                        name: "program".into(),
+                        points: vec![(24.0, 100.0), (96.0, 180.0)],
+                    },
+                    Series {
+                        name: "request".into(),
+                        points: vec![(24.0, 100.0), (96.0, 40.0)],
+                    },
+                ],
+                y_from_zero: true,
+            }],
+        };
+        let svg = plot.to_svg();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(svg.matches("<circle").count(), 4);
+        assert!(svg.contains("a &lt; b"));
+        assert!(svg.contains(">program<") && svg.contains(">request<"));
+    }
+}

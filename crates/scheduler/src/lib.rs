@@ -1,0 +1,115 @@
+//! Who runs, who pauses, who is restored — decided at every engine step on
+//! exact block counts.
+//!
+//! The crate is pure and deterministic: the caller passes `now` (seconds on any
+//! monotonic clock), there are no threads, timers or tensors inside, and ties are
+//! broken by program id, so a simulation with a fixed seed replays exactly.
+//!
+//! Two policies implement [`Policy`]:
+//! * [`ProgramScheduler`] — DESIGN §4: programs keep their KV between turns;
+//!   a thrashing test with hysteresis pauses (acting first, shortest first) and
+//!   restores (pending requests first, shortest first with aging) through one
+//!   global queue with best-fit placement over replicas.
+//! * [`RequestScheduler`] — the vLLM baseline: KV of finished requests becomes
+//!   evictable, FCFS admission while blocks are free or evictable, the newest
+//!   request is preempted (recompute) when blocks run out, sticky routing.
+//!
+//! The engine (or the simulator) owns the KV caches and applies decisions; this
+//! crate only reads them through [`Memory`].
+
+mod config;
+mod memory;
+mod program;
+mod program_policy;
+mod queue;
+mod request_policy;
+
+pub use agentd_kv::ProgramId;
+pub use config::{PolicyKind, SchedulerConfig};
+pub use memory::{Memory, Replicas};
+pub use program::{Phase, ProgramInfo, State};
+pub use program_policy::ProgramScheduler;
+pub use queue::WaitingQueue;
+pub use request_policy::RequestScheduler;
+
+/// Where a newly arrived request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The program is active on this replica: start the request there now.
+    Run { replica: usize },
+    /// The request waits in the queue until a decision admits its program.
+    Queued,
+}
+
+/// What the engine must do at this step boundary.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decision {
+    /// Programs to pause on the calling replica: drop their KV references; an
+    /// in-flight request stops at this step boundary, keeps its generated
+    /// tokens and waits for the program's restore.
+    pub pause: Vec<ProgramId>,
+    /// Programs to (re)start, with the replica they are placed on: match their
+    /// prefix there and run their pending request.
+    pub admit: Vec<(ProgramId, usize)>,
+}
+
+impl Decision {
+    pub fn is_empty(&self) -> bool {
+        self.pause.is_empty() && self.admit.is_empty()
+    }
+}
+
+/// Counters a policy keeps about its own decisions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyStats {
+    /// Programs paused by the thrashing test.
+    pub pauses: u64,
+    /// Programs paused because blocks actually ran out during a step.
+    pub exhaustion_pauses: u64,
+    /// Paused programs admitted again.
+    pub restores: u64,
+    /// First admissions of new programs / requests.
+    pub admissions: u64,
+}
+
+/// A scheduling policy. Calls are made by the engine at well-defined points;
+/// `now` is monotonic seconds.
+pub trait Policy: Send {
+    /// A request of `p` arrived; its prompt is `context_tokens` long.
+    fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route;
+    /// A request of `p` finished; `context_tokens` is its final context length.
+    /// Returns true when the engine must drop the program's KV references now
+    /// (request-level policies); false when the program keeps them.
+    fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool;
+    /// The program ended (release, final request, lease). The engine releases its KV.
+    fn on_terminate(&mut self, p: ProgramId);
+    /// Programs whose inactivity lease ran out; they are terminated already.
+    fn expire(&mut self, now: f64) -> Vec<ProgramId>;
+    /// The decision at a step boundary of replica `replica`.
+    fn schedule(&mut self, replica: usize, now: f64, mem: &dyn Memory) -> Decision;
+    /// Blocks ran out on `replica` while planning a step: choose a program to
+    /// pause now (never `protect`, the one that needs the blocks, unless it is the
+    /// only one). The policy marks it paused and requeues its request.
+    fn preempt(
+        &mut self,
+        replica: usize,
+        now: f64,
+        mem: &dyn Memory,
+        protect: ProgramId,
+    ) -> Option<ProgramId>;
+    /// Whether the program keeps its KV between requests.
+    fn keeps_kv_between_requests(&self) -> bool;
+    fn stats(&self) -> PolicyStats;
+    /// Number of requests waiting to be admitted.
+    fn num_waiting(&self) -> usize;
+    /// A snapshot of one program, if the policy tracks it.
+    fn program(&self, p: ProgramId) -> Option<ProgramInfo>;
+}
+
+/// Builds the policy selected by `config.policy`.
+pub fn build_policy(config: &SchedulerConfig, num_replicas: usize) -> Box<dyn Policy> {
+    match config.policy {
+        PolicyKind::Program => Box::new(ProgramScheduler::new(config.clone(), num_replicas)),
+        PolicyKind::Request => Box::new(RequestScheduler::new(config.clone(), num_replicas)),
+    }
+}

@@ -1,0 +1,55 @@
+use agentd_kv::{KvCache, ProbeResult, ProgramId};
+
+/// What the scheduler may know about the KV caches: exact block counts, no tensors.
+pub trait Memory {
+    fn num_replicas(&self) -> usize;
+    /// Blocks in replica `r`'s pool.
+    fn capacity(&self, r: usize) -> usize;
+    /// Distinct blocks referenced by some program on `r` (shared blocks once).
+    fn referenced(&self, r: usize) -> usize;
+    /// Blocks an allocation on `r` can take (free + evictable).
+    fn available(&self, r: usize) -> usize;
+    fn blocks_held(&self, r: usize, p: ProgramId) -> usize;
+    /// Blocks of `p` on `r` that no other program references.
+    fn exclusive(&self, r: usize, p: ProgramId) -> usize;
+    /// Tokens per block.
+    fn block_size(&self) -> usize;
+    /// Blocks needed for `tokens` tokens.
+    fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size().max(1))
+    }
+    /// Which leading blocks of `p`'s hash chain (recorded on replica `home`)
+    /// are cached / referenced on replica `r`.
+    fn probe(&self, home: usize, r: usize, p: ProgramId) -> ProbeResult;
+}
+
+/// [`Memory`] over the engine's per-replica caches.
+pub struct Replicas<'a>(pub &'a [KvCache]);
+
+impl Memory for Replicas<'_> {
+    fn num_replicas(&self) -> usize {
+        self.0.len()
+    }
+    fn capacity(&self, r: usize) -> usize {
+        self.0[r].pool().num_blocks()
+    }
+    fn referenced(&self, r: usize) -> usize {
+        self.0[r].pool().num_referenced()
+    }
+    fn available(&self, r: usize) -> usize {
+        self.0[r].pool().num_available()
+    }
+    fn blocks_held(&self, r: usize, p: ProgramId) -> usize {
+        self.0[r].blocks_held(p)
+    }
+    fn exclusive(&self, r: usize, p: ProgramId) -> usize {
+        self.0[r].exclusive_blocks(p)
+    }
+    fn block_size(&self) -> usize {
+        self.0.first().map_or(1, KvCache::block_size)
+    }
+    fn probe(&self, home: usize, r: usize, p: ProgramId) -> ProbeResult {
+        let chain = self.0[home].program_hashes(p);
+        self.0[r].probe(chain)
+    }
+}

@@ -1,0 +1,80 @@
+use crate::ProgramId;
+
+/// What a program is doing (DESIGN §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// It has a request in flight or queued: it needs the model.
+    Reasoning,
+    /// Its last request finished; its tool is running.
+    Acting,
+}
+
+/// Whether a program's KV is resident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Placed on a replica, KV referenced.
+    Active,
+    /// KV references dropped (blocks may still survive as evictable cache).
+    Paused,
+    /// Ended; its KV is released.
+    Terminated,
+}
+
+/// A snapshot of one program for introspection (`GET /programs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramInfo {
+    pub id: ProgramId,
+    pub phase: Phase,
+    pub state: State,
+    /// Current replica when active, last replica when paused.
+    pub replica: Option<usize>,
+    pub context_tokens: usize,
+    /// Requests completed.
+    pub steps: u64,
+    pub waiting: bool,
+}
+
+/// The scheduler's record of a program.
+#[derive(Debug, Clone)]
+pub(crate) struct Program {
+    pub phase: Phase,
+    pub state: State,
+    pub replica: Option<usize>,
+    pub context_tokens: usize,
+    pub in_flight: u32,
+    pub acting_since: f64,
+    pub last_activity: f64,
+    pub steps: u64,
+    /// True once it has been admitted at least once (restore vs. first admission).
+    pub admitted_once: bool,
+    pub waiting: bool,
+}
+
+impl Program {
+    pub fn new(now: f64, context_tokens: usize) -> Self {
+        Self {
+            phase: Phase::Reasoning,
+            state: State::Paused,
+            replica: None,
+            context_tokens,
+            in_flight: 0,
+            acting_since: now,
+            last_activity: now,
+            steps: 0,
+            admitted_once: false,
+            waiting: false,
+        }
+    }
+
+    pub fn info(&self, id: ProgramId) -> ProgramInfo {
+        ProgramInfo {
+            id,
+            phase: self.phase,
+            state: self.state,
+            replica: self.replica,
+            context_tokens: self.context_tokens,
+            steps: self.steps,
+            waiting: self.waiting,
+        }
+    }
+}

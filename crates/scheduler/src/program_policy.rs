@@ -1,0 +1,348 @@
+//! The program scheduler (DESIGN §4).
+//!
+//! Demand of replica L with capacity C blocks:
+//! `D(L) = |blocks referenced on L| − Σ_{q acting} excl(q)·(1 − f(now − since_q)) + r·running(L)`.
+//! Blocks referenced by reasoning programs count fully (shared ones once, since
+//! the pool counts distinct blocks); an acting program's exclusive blocks count
+//! with the decay `f`, because the longer its tool runs the cheaper it is to let
+//! them go. Blocks shared only among acting programs are counted fully — a
+//! conservative over-estimate that keeps the computation O(programs on L).
+//!
+//! * Pause while `D > λmax·C`: acting before reasoning, shortest first.
+//! * Restore while `D + need ≤ λmin·C`, from the global queue in its order,
+//!   placing each program by best fit, but on its previous replica while its own
+//!   cached blocks survive there. λmin < λmax is the hysteresis that stops a
+//!   program from being restored only to be paused again a step later.
+
+use std::collections::{BTreeSet, HashMap};
+
+use tracing::debug;
+
+use crate::program::Program;
+use crate::queue::{QueueClass, WaitingQueue};
+use crate::{
+    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, ProgramInfo, Route, SchedulerConfig,
+    State,
+};
+
+/// Admissions per decision, so one step boundary never stalls on a long queue.
+const MAX_ADMITS_PER_STEP: usize = 64;
+
+/// Program-level policy state: the program table, per-replica active sets and
+/// the global waiting queue.
+pub struct ProgramScheduler {
+    cfg: SchedulerConfig,
+    programs: HashMap<ProgramId, Program>,
+    /// Active programs per replica (ordered: deterministic iteration).
+    active: Vec<BTreeSet<ProgramId>>,
+    queue: WaitingQueue,
+    /// Last computed demand per replica and when (for placement elsewhere).
+    demand: Vec<(f64, f64)>,
+    stats: PolicyStats,
+}
+
+impl ProgramScheduler {
+    pub fn new(cfg: SchedulerConfig, num_replicas: usize) -> Self {
+        let queue = WaitingQueue::new(cfg.aging_tokens_per_s);
+        Self {
+            cfg,
+            programs: HashMap::new(),
+            active: vec![BTreeSet::new(); num_replicas.max(1)],
+            queue,
+            demand: vec![(0.0, f64::NEG_INFINITY); num_replicas.max(1)],
+            stats: PolicyStats::default(),
+        }
+    }
+
+    /// `D(L)` as defined in the module docs, in blocks.
+    pub fn demand(&self, l: usize, now: f64, mem: &dyn Memory) -> f64 {
+        let mut d = mem.referenced(l) as f64;
+        let mut running = 0usize;
+        for p in &self.active[l] {
+            let Some(prog) = self.programs.get(p) else {
+                continue;
+            };
+            match prog.phase {
+                Phase::Reasoning => running += 1,
+                Phase::Acting => {
+                    let f = self.cfg.decay(now - prog.acting_since);
+                    d -= mem.exclusive(l, *p) as f64 * (1.0 - f);
+                }
+            }
+        }
+        d + (self.cfg.decode_reserve_blocks * running) as f64
+    }
+
+    fn running(&self, l: usize) -> usize {
+        self.active[l]
+            .iter()
+            .filter(|p| {
+                self.programs
+                    .get(p)
+                    .is_some_and(|q| q.phase == Phase::Reasoning)
+            })
+            .count()
+    }
+
+    /// Active programs of `l` in pause order: acting first, then shortest first
+    /// (fewest blocks held: recompute ∝ c², so short ones are cheapest to lose).
+    fn pause_order(&self, l: usize, mem: &dyn Memory) -> Vec<(ProgramId, Phase, usize)> {
+        let mut v: Vec<(ProgramId, Phase, usize)> = self.active[l]
+            .iter()
+            .filter_map(|p| {
+                let prog = self.programs.get(p)?;
+                Some((*p, prog.phase, mem.blocks_held(l, *p)))
+            })
+            .collect();
+        v.sort_by_key(|&(p, phase, held)| (phase == Phase::Reasoning, held, p));
+        v
+    }
+
+    /// Marks `p` paused; a reasoning program's request goes back to the queue.
+    fn mark_paused(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) {
+        let Some(prog) = self.programs.get_mut(&p) else {
+            return;
+        };
+        if let Some(l) = prog.replica {
+            self.active[l].remove(&p);
+            // The context grew by decoding since the request arrived.
+            let held_tokens = mem.blocks_held(l, p) * mem.block_size();
+            prog.context_tokens = prog.context_tokens.max(held_tokens);
+        }
+        prog.state = State::Paused;
+        if prog.phase == Phase::Reasoning && !prog.waiting {
+            prog.waiting = true;
+            self.queue
+                .push(p, QueueClass::Restore, prog.context_tokens, now);
+        }
+    }
+
+    /// Thrashing test on `l`: pause until `D ≤ λmax·C`.
+    fn relieve(&mut self, l: usize, now: f64, mem: &dyn Memory, out: &mut Decision) -> f64 {
+        let mut d = self.demand(l, now, mem);
+        let cap = self.cfg.lambda_max * mem.capacity(l) as f64;
+        if d <= cap {
+            return d;
+        }
+        for (p, phase, held) in self.pause_order(l, mem) {
+            if d <= cap {
+                break;
+            }
+            let excl = mem.exclusive(l, p) as f64;
+            let freed = match phase {
+                Phase::Acting => {
+                    let since = self.programs.get(&p).map_or(now, |q| q.acting_since);
+                    excl * self.cfg.decay(now - since)
+                }
+                Phase::Reasoning => excl + self.cfg.decode_reserve_blocks as f64,
+            };
+            debug!(replica = l, program = %p, ?phase, held, demand = d, cap, "thrashing: pause");
+            self.mark_paused(p, now, mem);
+            self.stats.pauses += 1;
+            out.pause.push(p);
+            d -= freed;
+        }
+        d
+    }
+
+    /// Blocks `p` would add on replica `r`: its context plus the decode
+    /// reserve, less the leading blocks already referenced there (shared).
+    fn need(&self, p: ProgramId, prog: &Program, r: usize, mem: &dyn Memory) -> (f64, bool) {
+        let total = mem.blocks_for(prog.context_tokens) + self.cfg.decode_reserve_blocks;
+        match prog.replica {
+            Some(home) => {
+                let probe = mem.probe(home, r, p);
+                let own_survives = probe.cached_blocks > probe.referenced_blocks;
+                (
+                    (total - probe.referenced_blocks.min(total)) as f64,
+                    own_survives,
+                )
+            }
+            None => (total as f64, false),
+        }
+    }
+
+    /// Restores from the global queue while some replica has room under λmin.
+    fn admit(&mut self, l: usize, now: f64, mem: &dyn Memory, out: &mut Decision) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let n = self.active.len();
+        let mut tentative: Vec<f64> = (0..n)
+            .map(|r| {
+                if r != l && now - self.demand[r].1 > self.cfg.demand_refresh_s {
+                    let d = self.demand(r, now, mem);
+                    self.demand[r] = (d, now);
+                }
+                self.demand[r].0
+            })
+            .collect();
+        let mut running: Vec<usize> = (0..n).map(|r| self.running(r)).collect();
+        let mut empty: Vec<bool> = (0..n).map(|r| self.active[r].is_empty()).collect();
+        let candidates: Vec<ProgramId> = self.queue.iter().take(MAX_ADMITS_PER_STEP).collect();
+        for p in candidates {
+            let Some(prog) = self.programs.get(&p) else {
+                self.queue.remove(p);
+                continue;
+            };
+            // (replica, need, slack after placing)
+            let mut best: Option<(usize, f64, f64)> = None;
+            let mut home_pick = None;
+            for r in 0..n {
+                if running[r] >= self.cfg.max_running {
+                    continue;
+                }
+                let room = self.cfg.lambda_min * mem.capacity(r) as f64 - tentative[r];
+                let (need, own_survives) = self.need(p, prog, r, mem);
+                // An empty replica takes any program that fits its pool at all,
+                // or a program larger than λmin·C would wait forever.
+                let fits = need <= room || (empty[r] && need <= mem.capacity(r) as f64);
+                if !fits {
+                    continue;
+                }
+                if Some(r) == prog.replica && own_survives {
+                    home_pick = Some((r, need, room - need));
+                }
+                if best.is_none_or(|(_, _, slack)| room - need < slack) {
+                    best = Some((r, need, room - need));
+                }
+            }
+            let Some((r, need, _)) = home_pick.or(best) else {
+                // Strict order: smaller programs behind the head must not starve it.
+                break;
+            };
+            empty[r] = false;
+            tentative[r] += need;
+            running[r] += 1;
+            self.queue.remove(p);
+            let Some(prog) = self.programs.get_mut(&p) else {
+                continue;
+            };
+            if prog.admitted_once {
+                self.stats.restores += 1;
+            } else {
+                self.stats.admissions += 1;
+            }
+            debug!(program = %p, replica = r, need, restore = prog.admitted_once, "admit");
+            prog.admitted_once = true;
+            prog.waiting = false;
+            prog.state = State::Active;
+            prog.replica = Some(r);
+            self.active[r].insert(p);
+            out.admit.push((p, r));
+        }
+    }
+
+    fn terminate(&mut self, p: ProgramId) {
+        if let Some(prog) = self.programs.remove(&p) {
+            if let Some(r) = prog.replica {
+                self.active[r].remove(&p);
+            }
+        }
+        self.queue.remove(p);
+    }
+}
+
+impl Policy for ProgramScheduler {
+    fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route {
+        let prog = self
+            .programs
+            .entry(p)
+            .or_insert_with(|| Program::new(now, context_tokens));
+        prog.context_tokens = context_tokens;
+        prog.last_activity = now;
+        prog.phase = Phase::Reasoning;
+        prog.in_flight += 1;
+        if prog.state == State::Active {
+            if let Some(replica) = prog.replica {
+                return Route::Run { replica };
+            }
+        }
+        if !prog.waiting {
+            prog.waiting = true;
+            let class = if prog.admitted_once {
+                QueueClass::Restore
+            } else {
+                QueueClass::New
+            };
+            self.queue.push(p, class, context_tokens, now);
+        }
+        Route::Queued
+    }
+
+    fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
+        if let Some(prog) = self.programs.get_mut(&p) {
+            prog.in_flight = prog.in_flight.saturating_sub(1);
+            prog.context_tokens = context_tokens;
+            prog.steps += 1;
+            prog.last_activity = now;
+            if prog.in_flight == 0 {
+                prog.phase = Phase::Acting;
+                prog.acting_since = now;
+            }
+        }
+        false
+    }
+
+    fn on_terminate(&mut self, p: ProgramId) {
+        self.terminate(p);
+    }
+
+    fn expire(&mut self, now: f64) -> Vec<ProgramId> {
+        let mut gone: Vec<ProgramId> = self
+            .programs
+            .iter()
+            .filter(|(_, q)| q.in_flight == 0 && now - q.last_activity > self.cfg.lease_s)
+            .map(|(p, _)| *p)
+            .collect();
+        gone.sort();
+        for p in &gone {
+            debug!(program = %p, "lease expired");
+            self.terminate(*p);
+        }
+        gone
+    }
+
+    fn schedule(&mut self, replica: usize, now: f64, mem: &dyn Memory) -> Decision {
+        let mut out = Decision::default();
+        let d = self.relieve(replica, now, mem, &mut out);
+        self.demand[replica] = (d, now);
+        self.admit(replica, now, mem, &mut out);
+        out
+    }
+
+    fn preempt(
+        &mut self,
+        replica: usize,
+        now: f64,
+        mem: &dyn Memory,
+        protect: ProgramId,
+    ) -> Option<ProgramId> {
+        let order = self.pause_order(replica, mem);
+        let victim = order
+            .iter()
+            .map(|v| v.0)
+            .find(|p| *p != protect)
+            .or_else(|| order.first().map(|v| v.0))?;
+        debug!(replica, program = %victim, "blocks exhausted: pause");
+        self.mark_paused(victim, now, mem);
+        self.stats.exhaustion_pauses += 1;
+        Some(victim)
+    }
+
+    fn keeps_kv_between_requests(&self) -> bool {
+        true
+    }
+
+    fn stats(&self) -> PolicyStats {
+        self.stats
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.queue.len()
+    }
+
+    fn program(&self, p: ProgramId) -> Option<ProgramInfo> {
+        self.programs.get(&p).map(|q| q.info(p))
+    }
+}

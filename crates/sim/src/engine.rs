@@ -1,0 +1,365 @@
+//! The simulated engine: program lifecycle and the event loop.
+//!
+//! Events are tool completions (a program's next request arrives) and replica
+//! steps. A replica steps back to back while it has running sequences and goes
+//! idle otherwise; any arrival or finished request wakes idle replicas so they
+//! get a scheduling decision.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::Instant;
+
+use agentd_kv::{KvCache, ProgramId};
+use agentd_scheduler::{build_policy, Policy, Route};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::metrics::Metrics;
+use crate::workload::{system_prompt, token_at, uniform};
+use crate::{RunResult, SimConfig, SimError};
+
+/// A program of the workload, with its full context (the engine's copy).
+pub(crate) struct Prog {
+    pub rng: ChaCha8Rng,
+    pub context: Vec<u32>,
+    /// Next index in this program's token stream.
+    pub next_token: u64,
+    pub turns_left: usize,
+    pub gen_target: usize,
+    pub generated: usize,
+    pub request_arrived: f64,
+    /// Longest prefix of `context` ever computed (for the ideal hit rate).
+    pub ever_computed: usize,
+    /// Replica whose cache holds this program's table (kept while paused).
+    pub home: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Event {
+    /// Replica `r` finishes its step (or is kicked while idle) and plans the next.
+    Step(usize),
+    /// The tool of program `p` returns: its next request arrives.
+    ToolDone(u64),
+    /// A new program starts.
+    Spawn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct At(f64);
+impl Eq for At {}
+impl PartialOrd for At {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for At {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0)
+    }
+}
+
+pub(crate) struct Replica {
+    /// Programs with a request running here, in admission order.
+    pub running: Vec<ProgramId>,
+    /// A `Step` event is pending for this replica.
+    pub busy: bool,
+    /// Requests that completed in the step now executing.
+    pub finishing: Vec<ProgramId>,
+}
+
+/// One simulation run.
+pub struct Simulation {
+    pub(crate) cfg: SimConfig,
+    pub(crate) kv: Vec<KvCache>,
+    pub(crate) policy: Box<dyn Policy>,
+    pub(crate) programs: HashMap<ProgramId, Prog>,
+    pub(crate) replicas: Vec<Replica>,
+    pub(crate) metrics: Metrics,
+    pub(crate) now: f64,
+    system: Vec<u32>,
+    system_seen: bool,
+    events: BinaryHeap<Reverse<(At, u64, Event)>>,
+    event_seq: u64,
+    next_program: u64,
+    /// Something happened that may let an idle replica run (arrival, finish,
+    /// admission elsewhere).
+    pub(crate) dirty: bool,
+}
+
+impl Simulation {
+    pub fn new(cfg: SimConfig) -> Result<Self, SimError> {
+        cfg.scheduler.validate().map_err(SimError::Config)?;
+        if cfg.replicas == 0 || cfg.concurrency == 0 || cfg.block_size == 0 {
+            return Err(SimError::Config(
+                "replicas, concurrency and block size must be positive".into(),
+            ));
+        }
+        let blocks = cfg.kv_tokens / cfg.block_size;
+        if blocks * cfg.block_size < cfg.workload.max_context * 2 {
+            return Err(SimError::Config(format!(
+                "kv_tokens {} cannot hold two programs at the workload's max context {}",
+                cfg.kv_tokens, cfg.workload.max_context
+            )));
+        }
+        let kv = (0..cfg.replicas)
+            .map(|_| KvCache::new(blocks, cfg.block_size, 0))
+            .collect();
+        let replicas = (0..cfg.replicas)
+            .map(|_| Replica {
+                running: Vec::new(),
+                busy: false,
+                finishing: Vec::new(),
+            })
+            .collect();
+        Ok(Self {
+            policy: build_policy(&cfg.scheduler, cfg.replicas),
+            system: system_prompt(cfg.workload.system_tokens),
+            metrics: Metrics::new(cfg.warmup_s),
+            cfg,
+            kv,
+            programs: HashMap::new(),
+            replicas,
+            now: 0.0,
+            system_seen: false,
+            events: BinaryHeap::new(),
+            event_seq: 0,
+            next_program: 0,
+            dirty: false,
+        })
+    }
+
+    pub(crate) fn push(&mut self, t: f64, e: Event) {
+        self.events.push(Reverse((At(t), self.event_seq, e)));
+        self.event_seq += 1;
+    }
+
+    /// Runs until the simulated duration and returns the measurements.
+    pub fn run(mut self) -> Result<RunResult, SimError> {
+        let wall = Instant::now();
+        // Stagger the first programs over a few seconds, as agents start.
+        for i in 0..self.cfg.concurrency {
+            self.push(i as f64 * 0.05, Event::Spawn);
+        }
+        while let Some(Reverse((At(t), _, e))) = self.events.pop() {
+            if t > self.cfg.duration_s {
+                break;
+            }
+            self.now = t;
+            let usages: Vec<f64> = self.kv.iter().map(KvCache::usage).collect();
+            self.metrics.sample_usage(t, &usages);
+            match e {
+                Event::Spawn => self.spawn(),
+                Event::ToolDone(id) => self.next_turn(ProgramId(id)),
+                Event::Step(r) => {
+                    self.finish_step(r);
+                    self.step(r)?;
+                }
+            }
+            self.wake_idle();
+            if self.metrics.in_window(t) && t as u64 % 10 == 0 {
+                for p in self.policy.expire(t) {
+                    self.terminate(p);
+                }
+            }
+        }
+        Ok(self.result(wall.elapsed().as_secs_f64()))
+    }
+
+    fn wake_idle(&mut self) {
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
+        for r in 0..self.replicas.len() {
+            if !self.replicas[r].busy {
+                self.replicas[r].busy = true;
+                self.push(self.now, Event::Step(r));
+            }
+        }
+    }
+
+    /// Starts a new program with its first request.
+    fn spawn(&mut self) {
+        let id = ProgramId(self.next_program);
+        self.next_program += 1;
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(self.cfg.seed ^ id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let w = &self.cfg.workload;
+        let turns_left = uniform(&mut rng, w.steps);
+        let task = uniform(&mut rng, w.task_tokens);
+        let mut prog = Prog {
+            rng,
+            context: self.system.clone(),
+            next_token: 0,
+            turns_left,
+            gen_target: 0,
+            generated: 0,
+            request_arrived: self.now,
+            ever_computed: 0,
+            home: None,
+        };
+        append_tokens(&mut prog, id, task);
+        self.programs.insert(id, prog);
+        self.request(id);
+    }
+
+    /// A tool returned: append its output and send the next request, or end
+    /// the program when its next prompt would not fit the model's window.
+    fn next_turn(&mut self, p: ProgramId) {
+        let w = self.cfg.workload.clone();
+        let Some(prog) = self.programs.get_mut(&p) else {
+            return;
+        };
+        let n = w.tool_tokens.sample(&mut prog.rng) as usize;
+        if prog.turns_left == 0 || prog.context.len() + n + w.gen_tokens.1 > w.max_context {
+            self.terminate(p);
+            self.metrics.programs_completed += u64::from(self.metrics.in_window(self.now));
+            self.spawn();
+            return;
+        }
+        append_tokens(prog, p, n);
+        self.request(p);
+    }
+
+    fn request(&mut self, p: ProgramId) {
+        let now = self.now;
+        let gen = self.cfg.workload.gen_tokens;
+        let Some(prog) = self.programs.get_mut(&p) else {
+            return;
+        };
+        prog.turns_left = prog.turns_left.saturating_sub(1);
+        prog.gen_target = uniform(&mut prog.rng, gen);
+        prog.generated = 0;
+        prog.request_arrived = now;
+        let len = prog.context.len();
+        self.dirty = true;
+        if let Route::Run { replica } = self.policy.on_request(p, now, len) {
+            self.start_on(p, replica);
+        }
+    }
+
+    /// Starts (or restores) `p`'s request on replica `r`: align its KV with its
+    /// context there and add it to the running set.
+    pub(crate) fn start_on(&mut self, p: ProgramId, r: usize) {
+        let system_tokens = if self.system_seen {
+            self.system.len()
+        } else {
+            0
+        };
+        let Some(prog) = self.programs.get_mut(&p) else {
+            return;
+        };
+        if let Some(h) = prog.home {
+            if h != r {
+                self.kv[h].release(p);
+            }
+        }
+        prog.home = Some(r);
+        let m = self.kv[r].match_prefix(p, &prog.context);
+        let len = prog.context.len();
+        let ideal = prog
+            .ever_computed
+            .max(system_tokens)
+            .min(len.saturating_sub(1));
+        if self.metrics.in_window(self.now) {
+            self.metrics.query_tokens += len as u64;
+            self.metrics.hit_tokens += m.cached_tokens as u64;
+            self.metrics.ideal_hit_tokens += ideal as u64;
+            self.metrics.recomputed_tokens += ideal.saturating_sub(m.cached_tokens) as u64;
+        }
+        if !self.replicas[r].running.contains(&p) {
+            self.replicas[r].running.push(p);
+        }
+    }
+
+    /// Drops `p`'s KV references on replica `r` and stops its request there
+    /// (the request stays in flight with the tokens generated so far).
+    pub(crate) fn pause_on(&mut self, p: ProgramId, r: usize) {
+        self.replicas[r].running.retain(|q| *q != p);
+        self.kv[r].pause(p);
+    }
+
+    fn terminate(&mut self, p: ProgramId) {
+        self.policy.on_terminate(p);
+        if let Some(prog) = self.programs.remove(&p) {
+            if let Some(h) = prog.home {
+                self.replicas[h].running.retain(|q| *q != p);
+                self.kv[h].release(p);
+            }
+        }
+    }
+
+    /// Completes the requests that produced their last token in the step that
+    /// just ended.
+    fn finish_step(&mut self, r: usize) {
+        let done = std::mem::take(&mut self.replicas[r].finishing);
+        self.dirty |= !done.is_empty();
+        for p in done {
+            let now = self.now;
+            let in_window = self.metrics.in_window(now);
+            let Some(prog) = self.programs.get_mut(&p) else {
+                continue;
+            };
+            let len = prog.context.len();
+            let latency = now - prog.request_arrived;
+            let tool = self.cfg.workload.tool_time_s.sample(&mut prog.rng);
+            self.replicas[r].running.retain(|q| *q != p);
+            if in_window {
+                self.metrics.steps += 1;
+                self.metrics.latencies.push(latency);
+            }
+            if self.policy.on_request_finished(p, now, len) {
+                self.kv[r].pause(p);
+            }
+            self.push(now + tool, Event::ToolDone(p.0));
+        }
+    }
+
+    pub(crate) fn note_computed(&mut self, p: ProgramId, r: usize) {
+        let c = self.kv[r].num_computed(p);
+        if let Some(prog) = self.programs.get_mut(&p) {
+            prog.ever_computed = prog.ever_computed.max(c);
+            if c >= self.system.len() {
+                self.system_seen = true;
+            }
+        }
+    }
+
+    fn result(&self, wall_s: f64) -> RunResult {
+        let m = &self.metrics;
+        let window_min = ((self.cfg.duration_s - self.cfg.warmup_s) / 60.0).max(1e-9);
+        let stats = self.policy.stats();
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        RunResult {
+            policy: self.cfg.scheduler.policy.to_string(),
+            workload: self.cfg.workload.name.clone(),
+            concurrency: self.cfg.concurrency,
+            replicas: self.cfg.replicas,
+            steps_per_min: m.steps as f64 / window_min,
+            prefix_hit_rate: ratio(m.hit_tokens, m.query_tokens),
+            ideal_hit_rate: ratio(m.ideal_hit_tokens, m.query_tokens),
+            recomputed_tokens: m.recomputed_tokens,
+            pauses: stats.pauses,
+            restores: stats.restores,
+            preemptions: stats.exhaustion_pauses,
+            kv_imbalance: m.kv_imbalance(),
+            sched_us_per_step: m.sched_ns as f64 / 1000.0 / m.sched_calls.max(1) as f64,
+            output_tok_s: m.output_tokens as f64 / (window_min * 60.0),
+            p50_step_s: m.percentile(0.5),
+            p99_step_s: m.percentile(0.99),
+            programs_completed: m.programs_completed,
+            engine_steps: m.engine_steps,
+            mean_kv_usage: m.mean_usage(),
+            kv_tokens: self.cfg.kv_tokens,
+            duration_s: self.cfg.duration_s,
+            wall_s,
+        }
+    }
+}
+
+/// Appends `n` fresh tokens of `p`'s own stream to its context.
+pub(crate) fn append_tokens(prog: &mut Prog, p: ProgramId, n: usize) {
+    for _ in 0..n {
+        prog.context.push(token_at(p.0 + 1, prog.next_token));
+        prog.next_token += 1;
+    }
+}

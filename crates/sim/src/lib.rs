@@ -1,0 +1,80 @@
+//! `agentd simulate`: a discrete-event simulator that drives the *real*
+//! [`agentd_kv`] allocator and [`agentd_scheduler`] policies with a model of GPU
+//! step time, to reproduce the thrashing regime (96–1,000 programs, 1–64
+//! replicas) in seconds on a laptop.
+//!
+//! Nothing of the policy is re-implemented here: the simulator only plays the
+//! engine's part — it applies the scheduler's decisions to the KV caches, plans
+//! each step's batch (decode first, then prefill chunks under a token budget),
+//! asks the policy for a victim when blocks run out, and advances time by the
+//! [`cost`] model.
+
+pub mod cost;
+mod engine;
+mod metrics;
+mod result;
+mod step;
+pub mod workload;
+
+pub use cost::{StepCost, StepShape, H100_QWEN3_8B_FP8_KV_TOKENS};
+pub use engine::Simulation;
+pub use result::RunResult;
+pub use workload::Workload;
+
+use agentd_scheduler::SchedulerConfig;
+
+/// Everything one simulation run needs.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub workload: Workload,
+    pub scheduler: SchedulerConfig,
+    /// Programs running at once (closed loop: a finished program is replaced).
+    pub concurrency: usize,
+    pub replicas: usize,
+    /// Simulated seconds.
+    pub duration_s: f64,
+    /// Simulated seconds excluded from the rates at the start.
+    pub warmup_s: f64,
+    pub seed: u64,
+    /// KV capacity of each replica, in tokens.
+    pub kv_tokens: usize,
+    pub block_size: usize,
+    /// Token budget of one step (vLLM's `max_num_batched_tokens`).
+    pub max_batched_tokens: usize,
+    pub cost: StepCost,
+    /// Check the KV pool invariants after every step (slow on large pools).
+    pub check_invariants: bool,
+}
+
+impl SimConfig {
+    pub fn new(workload: Workload, scheduler: SchedulerConfig) -> Self {
+        Self {
+            workload,
+            scheduler,
+            concurrency: 48,
+            replicas: 1,
+            duration_s: 3600.0,
+            warmup_s: 300.0,
+            seed: 1,
+            kv_tokens: H100_QWEN3_8B_FP8_KV_TOKENS,
+            block_size: 16,
+            max_batched_tokens: 8192,
+            cost: StepCost::default(),
+            check_invariants: cfg!(debug_assertions),
+        }
+    }
+}
+
+/// Runs one simulation to completion.
+pub fn run(cfg: &SimConfig) -> Result<RunResult, SimError> {
+    Simulation::new(cfg.clone())?.run()
+}
+
+/// Errors of a simulation run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("invalid simulation config: {0}")]
+    Config(String),
+    #[error("KV invariant violated at t={time:.3}s: {detail}")]
+    Invariant { time: f64, detail: String },
+}

@@ -1,0 +1,40 @@
+use serde::Serialize;
+
+/// One simulation run's measurements. Every field except the wall-clock
+/// measurements (`sched_us_per_step`, `wall_s`) is a pure function of the
+/// configuration and seed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RunResult {
+    pub policy: String,
+    pub workload: String,
+    pub concurrency: usize,
+    pub replicas: usize,
+    /// Model calls completed per simulated minute (after warm-up).
+    pub steps_per_min: f64,
+    /// Cached prompt tokens / prompt tokens, over every (re)start of a request.
+    pub prefix_hit_rate: f64,
+    /// The same with an unlimited cache: every token computed before is a hit.
+    pub ideal_hit_rate: f64,
+    /// Tokens prefilled again although they had been computed before.
+    pub recomputed_tokens: u64,
+    /// Programs paused by the thrashing test.
+    pub pauses: u64,
+    /// Paused programs restored.
+    pub restores: u64,
+    /// Programs or requests paused because blocks ran out mid-step.
+    pub preemptions: u64,
+    /// Time average of (max − min) KV usage fraction over replicas.
+    pub kv_imbalance: f64,
+    /// Wall-clock microseconds of the scheduler's decision per engine step.
+    pub sched_us_per_step: f64,
+    pub output_tok_s: f64,
+    /// Request latency (arrival to last token), seconds.
+    pub p50_step_s: f64,
+    pub p99_step_s: f64,
+    pub programs_completed: u64,
+    pub engine_steps: u64,
+    pub mean_kv_usage: f64,
+    pub kv_tokens: usize,
+    pub duration_s: f64,
+    pub wall_s: f64,
+}
