@@ -283,6 +283,25 @@ impl KvCache {
         r
     }
 
+    /// Length of the leading run of `chain` referenced by some program here:
+    /// blocks a program with this chain would share at no extra memory. Stops at
+    /// the first block not referenced, so it costs O(shared prefix), not O(chain).
+    pub fn shared_prefix(&self, chain: &[BlockHash]) -> usize {
+        chain
+            .iter()
+            .take_while(|&&h| {
+                self.pool
+                    .lookup(h)
+                    .is_some_and(|b| self.pool.ref_count(b) > 0)
+            })
+            .count()
+    }
+
+    /// Whether the `i`-th block of `chain` is still cached here.
+    pub fn is_cached(&self, chain: &[BlockHash], i: usize) -> bool {
+        chain.get(i).is_some_and(|&h| self.pool.lookup(h).is_some())
+    }
+
     /// Releases `kv.blocks[keep..]`, last block first so the LRU evicts the end
     /// of a chain before its beginning (a prefix is only useful whole).
     fn truncate(&mut self, p: ProgramId, kv: &mut ProgramKv, keep: usize) {

@@ -25,7 +25,7 @@ mod queue;
 mod request_policy;
 
 pub use agentd_kv::ProgramId;
-pub use config::{PolicyKind, SchedulerConfig};
+pub use config::{Placement, PolicyKind, SchedulerConfig};
 pub use memory::{Memory, Replicas};
 pub use program::{Phase, ProgramInfo, State};
 pub use program_policy::ProgramScheduler;

@@ -1,4 +1,4 @@
-use agentd_kv::{KvCache, ProbeResult, ProgramId};
+use agentd_kv::{KvCache, ProgramId};
 
 /// What the scheduler may know about the KV caches: exact block counts, no tensors.
 pub trait Memory {
@@ -18,9 +18,11 @@ pub trait Memory {
     fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size().max(1))
     }
-    /// Which leading blocks of `p`'s hash chain (recorded on replica `home`)
-    /// are cached / referenced on replica `r`.
-    fn probe(&self, home: usize, r: usize, p: ProgramId) -> ProbeResult;
+    /// Leading blocks of `p`'s hash chain (recorded on replica `home`) that are
+    /// referenced by some program on `home`: sharing them costs no memory.
+    fn shared_prefix(&self, home: usize, p: ProgramId) -> usize;
+    /// Whether block `i` of `p`'s chain is still cached on `home`.
+    fn chain_block_cached(&self, home: usize, p: ProgramId, i: usize) -> bool;
 }
 
 /// [`Memory`] over the engine's per-replica caches.
@@ -48,8 +50,10 @@ impl Memory for Replicas<'_> {
     fn block_size(&self) -> usize {
         self.0.first().map_or(1, KvCache::block_size)
     }
-    fn probe(&self, home: usize, r: usize, p: ProgramId) -> ProbeResult {
-        let chain = self.0[home].program_hashes(p);
-        self.0[r].probe(chain)
+    fn shared_prefix(&self, home: usize, p: ProgramId) -> usize {
+        self.0[home].shared_prefix(self.0[home].program_hashes(p))
+    }
+    fn chain_block_cached(&self, home: usize, p: ProgramId, i: usize) -> bool {
+        self.0[home].is_cached(self.0[home].program_hashes(p), i)
     }
 }

@@ -48,6 +48,8 @@ pub(crate) struct Program {
     /// True once it has been admitted at least once (restore vs. first admission).
     pub admitted_once: bool,
     pub waiting: bool,
+    /// Cached (shared prefix blocks, measured at) for restore-need estimates.
+    pub shared_estimate: Option<(usize, f64)>,
 }
 
 impl Program {
@@ -63,6 +65,15 @@ impl Program {
             steps: 0,
             admitted_once: false,
             waiting: false,
+            shared_estimate: None,
+        }
+    }
+
+    /// The replica on which this program counts as running (active and reasoning).
+    pub fn running_on(&self) -> Option<usize> {
+        match (self.state, self.phase) {
+            (State::Active, Phase::Reasoning) => self.replica,
+            _ => None,
         }
     }
 

@@ -21,8 +21,8 @@ use tracing::debug;
 use crate::program::Program;
 use crate::queue::{QueueClass, WaitingQueue};
 use crate::{
-    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, ProgramInfo, Route, SchedulerConfig,
-    State,
+    Decision, Memory, Phase, Placement, Policy, PolicyStats, ProgramId, ProgramInfo, Route,
+    SchedulerConfig, State,
 };
 
 /// Admissions per decision, so one step boundary never stalls on a long queue.
@@ -36,6 +36,8 @@ pub struct ProgramScheduler {
     /// Active programs per replica (ordered: deterministic iteration).
     active: Vec<BTreeSet<ProgramId>>,
     queue: WaitingQueue,
+    /// Reasoning programs active per replica (the `running(L)` of the demand).
+    running: Vec<usize>,
     /// Last computed demand per replica and when (for placement elsewhere).
     demand: Vec<(f64, f64)>,
     stats: PolicyStats,
@@ -49,6 +51,7 @@ impl ProgramScheduler {
             programs: HashMap::new(),
             active: vec![BTreeSet::new(); num_replicas.max(1)],
             queue,
+            running: vec![0; num_replicas.max(1)],
             demand: vec![(0.0, f64::NEG_INFINITY); num_replicas.max(1)],
             stats: PolicyStats::default(),
         }
@@ -57,31 +60,44 @@ impl ProgramScheduler {
     /// `D(L)` as defined in the module docs, in blocks.
     pub fn demand(&self, l: usize, now: f64, mem: &dyn Memory) -> f64 {
         let mut d = mem.referenced(l) as f64;
-        let mut running = 0usize;
         for p in &self.active[l] {
             let Some(prog) = self.programs.get(p) else {
                 continue;
             };
             match prog.phase {
-                Phase::Reasoning => running += 1,
                 Phase::Acting => {
                     let f = self.cfg.decay(now - prog.acting_since);
                     d -= mem.exclusive(l, *p) as f64 * (1.0 - f);
                 }
+                // Blocks of a prompt admitted but not prefilled yet are not
+                // referenced yet; counting them now stops the next steps from
+                // admitting into room that is already promised.
+                Phase::Reasoning => {
+                    let want = mem.blocks_for(prog.context_tokens);
+                    d += want.saturating_sub(mem.blocks_held(l, *p)) as f64;
+                }
             }
         }
-        d + (self.cfg.decode_reserve_blocks * running) as f64
+        d + (self.cfg.decode_reserve_blocks * self.running[l]) as f64
     }
 
-    fn running(&self, l: usize) -> usize {
-        self.active[l]
-            .iter()
-            .filter(|p| {
-                self.programs
-                    .get(p)
-                    .is_some_and(|q| q.phase == Phase::Reasoning)
-            })
-            .count()
+    /// Applies `change` to `p`'s record, keeping the per-replica running
+    /// counts (active reasoning programs) exact.
+    fn update(&mut self, p: ProgramId, change: impl FnOnce(&mut Program)) {
+        let Some(prog) = self.programs.get_mut(&p) else {
+            return;
+        };
+        let before = prog.running_on();
+        change(prog);
+        let after = prog.running_on();
+        if before != after {
+            if let Some(r) = before {
+                self.running[r] -= 1;
+            }
+            if let Some(r) = after {
+                self.running[r] += 1;
+            }
+        }
     }
 
     /// Active programs of `l` in pause order: acting first, then shortest first
@@ -100,16 +116,20 @@ impl ProgramScheduler {
 
     /// Marks `p` paused; a reasoning program's request goes back to the queue.
     fn mark_paused(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) {
+        let Some(l) = self.programs.get(&p).and_then(|q| q.replica) else {
+            return;
+        };
+        self.active[l].remove(&p);
+        // The context grew by decoding since the request arrived.
+        let held_tokens = mem.blocks_held(l, p) * mem.block_size();
+        self.update(p, |prog| {
+            prog.context_tokens = prog.context_tokens.max(held_tokens);
+            prog.state = State::Paused;
+            prog.shared_estimate = None;
+        });
         let Some(prog) = self.programs.get_mut(&p) else {
             return;
         };
-        if let Some(l) = prog.replica {
-            self.active[l].remove(&p);
-            // The context grew by decoding since the request arrived.
-            let held_tokens = mem.blocks_held(l, p) * mem.block_size();
-            prog.context_tokens = prog.context_tokens.max(held_tokens);
-        }
-        prog.state = State::Paused;
         if prog.phase == Phase::Reasoning && !prog.waiting {
             prog.waiting = true;
             self.queue
@@ -136,6 +156,12 @@ impl ProgramScheduler {
                 }
                 Phase::Reasoning => excl + self.cfg.decode_reserve_blocks as f64,
             };
+            if phase == Phase::Acting && freed < 1.0 {
+                // Its memory already counts as (almost) free in D: pausing it
+                // would not bring D down, only throw away a cache that costs
+                // nothing until blocks actually run out (then `preempt` takes it).
+                continue;
+            }
             debug!(replica = l, program = %p, ?phase, held, demand = d, cap, "thrashing: pause");
             self.mark_paused(p, now, mem);
             self.stats.pauses += 1;
@@ -145,21 +171,35 @@ impl ProgramScheduler {
         d
     }
 
-    /// Blocks `p` would add on replica `r`: its context plus the decode
-    /// reserve, less the leading blocks already referenced there (shared).
-    fn need(&self, p: ProgramId, prog: &Program, r: usize, mem: &dyn Memory) -> (f64, bool) {
+    /// Blocks `p` would add when restored: its context plus the decode
+    /// reserve, less the leading blocks of its chain that other programs
+    /// reference (the shared system prompt, typically), and whether its own
+    /// blocks still survive on its previous replica.
+    ///
+    /// The shared run is measured on the previous replica and assumed for the
+    /// others too (every busy replica holds the common system prompt); it is
+    /// cached for `demand_refresh_s` because the queue head is examined at every
+    /// step of every replica while it waits.
+    fn need(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) -> (f64, bool) {
+        let Some(prog) = self.programs.get(&p) else {
+            return (0.0, false);
+        };
         let total = mem.blocks_for(prog.context_tokens) + self.cfg.decode_reserve_blocks;
-        match prog.replica {
-            Some(home) => {
-                let probe = mem.probe(home, r, p);
-                let own_survives = probe.cached_blocks > probe.referenced_blocks;
-                (
-                    (total - probe.referenced_blocks.min(total)) as f64,
-                    own_survives,
-                )
+        let Some(home) = prog.replica else {
+            return (total as f64, false);
+        };
+        let shared = match prog.shared_estimate {
+            Some((s, at)) if now - at <= self.cfg.demand_refresh_s => s,
+            _ => {
+                let s = mem.shared_prefix(home, p);
+                if let Some(prog) = self.programs.get_mut(&p) {
+                    prog.shared_estimate = Some((s, now));
+                }
+                s
             }
-            None => (total as f64, false),
-        }
+        };
+        let own_survives = mem.chain_block_cached(home, p, shared);
+        ((total - shared.min(total)) as f64, own_survives)
     }
 
     /// Restores from the global queue while some replica has room under λmin.
@@ -177,63 +217,97 @@ impl ProgramScheduler {
                 self.demand[r].0
             })
             .collect();
-        let mut running: Vec<usize> = (0..n).map(|r| self.running(r)).collect();
+        let mut running = self.running.clone();
         let mut empty: Vec<bool> = (0..n).map(|r| self.active[r].is_empty()).collect();
+        let mut reserved = vec![false; n];
         let candidates: Vec<ProgramId> = self.queue.iter().take(MAX_ADMITS_PER_STEP).collect();
         for p in candidates {
-            let Some(prog) = self.programs.get(&p) else {
+            let Some(home) = self.programs.get(&p).map(|q| q.replica) else {
                 self.queue.remove(p);
                 continue;
             };
+            let (need, own_survives) = self.need(p, now, mem);
+            // While its own blocks survive on its previous replica, a program
+            // waits for room there: anywhere else it would recompute its whole
+            // context, which costs more than the wait (recompute ∝ c²).
+            let sticky = home.filter(|_| own_survives);
             // (replica, need, slack after placing)
             let mut best: Option<(usize, f64, f64)> = None;
-            let mut home_pick = None;
             for r in 0..n {
-                if running[r] >= self.cfg.max_running {
+                if running[r] >= self.cfg.max_running || sticky.is_some_and(|h| h != r) {
+                    continue;
+                }
+                if reserved[r] {
                     continue;
                 }
                 let room = self.cfg.lambda_min * mem.capacity(r) as f64 - tentative[r];
-                let (need, own_survives) = self.need(p, prog, r, mem);
                 // An empty replica takes any program that fits its pool at all,
                 // or a program larger than λmin·C would wait forever.
                 let fits = need <= room || (empty[r] && need <= mem.capacity(r) as f64);
                 if !fits {
                     continue;
                 }
-                if Some(r) == prog.replica && own_survives {
-                    home_pick = Some((r, need, room - need));
-                }
-                if best.is_none_or(|(_, _, slack)| room - need < slack) {
+                let better = |slack: f64| match self.cfg.placement {
+                    Placement::BestFit => room - need < slack,
+                    Placement::MostRoom => room - need > slack,
+                };
+                if best.is_none_or(|(_, _, slack)| better(slack)) {
                     best = Some((r, need, room - need));
                 }
             }
-            let Some((r, need, _)) = home_pick.or(best) else {
-                // Strict order: smaller programs behind the head must not starve it.
-                break;
+            if best.is_none() && sticky.is_some() {
+                continue;
+            }
+            let Some((r, need, _)) = best else {
+                // Backfilling with a reservation (as in EASY backfilling): the
+                // first program that fits nowhere reserves the replica with the
+                // most room, where nothing behind it may be placed, so it runs
+                // as soon as that replica drains; smaller programs behind it
+                // may still use the other replicas' room. With one replica this
+                // is strict queue order.
+                let most_room = (0..n).filter(|&r| !reserved[r]).max_by(|&a, &b| {
+                    let ra = self.cfg.lambda_min * mem.capacity(a) as f64 - tentative[a];
+                    let rb = self.cfg.lambda_min * mem.capacity(b) as f64 - tentative[b];
+                    ra.total_cmp(&rb).then(b.cmp(&a))
+                });
+                match most_room {
+                    Some(r) => {
+                        reserved[r] = true;
+                        if reserved.iter().all(|&x| x) {
+                            break;
+                        }
+                        continue;
+                    }
+                    None => break,
+                }
             };
             empty[r] = false;
             tentative[r] += need;
+            // Until `r` recomputes its demand at its own next step, placements
+            // from other replicas' steps must see this admission too.
+            self.demand[r].0 += need;
             running[r] += 1;
             self.queue.remove(p);
-            let Some(prog) = self.programs.get_mut(&p) else {
-                continue;
-            };
-            if prog.admitted_once {
+            let restore = self.programs.get(&p).is_some_and(|q| q.admitted_once);
+            if restore {
                 self.stats.restores += 1;
             } else {
                 self.stats.admissions += 1;
             }
-            debug!(program = %p, replica = r, need, restore = prog.admitted_once, "admit");
-            prog.admitted_once = true;
-            prog.waiting = false;
-            prog.state = State::Active;
-            prog.replica = Some(r);
+            debug!(program = %p, replica = r, need, restore, "admit");
+            self.update(p, |prog| {
+                prog.admitted_once = true;
+                prog.waiting = false;
+                prog.state = State::Active;
+                prog.replica = Some(r);
+            });
             self.active[r].insert(p);
             out.admit.push((p, r));
         }
     }
 
     fn terminate(&mut self, p: ProgramId) {
+        self.update(p, |prog| prog.state = State::Terminated);
         if let Some(prog) = self.programs.remove(&p) {
             if let Some(r) = prog.replica {
                 self.active[r].remove(&p);
@@ -245,14 +319,18 @@ impl ProgramScheduler {
 
 impl Policy for ProgramScheduler {
     fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route {
-        let prog = self
-            .programs
+        self.programs
             .entry(p)
             .or_insert_with(|| Program::new(now, context_tokens));
-        prog.context_tokens = context_tokens;
-        prog.last_activity = now;
-        prog.phase = Phase::Reasoning;
-        prog.in_flight += 1;
+        self.update(p, |prog| {
+            prog.context_tokens = context_tokens;
+            prog.last_activity = now;
+            prog.phase = Phase::Reasoning;
+            prog.in_flight += 1;
+        });
+        let Some(prog) = self.programs.get_mut(&p) else {
+            return Route::Queued;
+        };
         if prog.state == State::Active {
             if let Some(replica) = prog.replica {
                 return Route::Run { replica };
@@ -271,7 +349,7 @@ impl Policy for ProgramScheduler {
     }
 
     fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
-        if let Some(prog) = self.programs.get_mut(&p) {
+        self.update(p, |prog| {
             prog.in_flight = prog.in_flight.saturating_sub(1);
             prog.context_tokens = context_tokens;
             prog.steps += 1;
@@ -280,7 +358,7 @@ impl Policy for ProgramScheduler {
                 prog.phase = Phase::Acting;
                 prog.acting_since = now;
             }
-        }
+        });
         false
     }
 

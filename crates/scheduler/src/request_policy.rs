@@ -125,10 +125,9 @@ impl Policy for RequestScheduler {
             };
             // Blocks taken from free + evictable: everything not already
             // referenced (cache hits on evictable blocks take them out too).
-            let probe = mem.probe(replica, replica, p);
             let need = mem
                 .blocks_for(prog.context_tokens)
-                .saturating_sub(probe.referenced_blocks);
+                .saturating_sub(mem.shared_prefix(replica, p));
             if need > available {
                 break;
             }
