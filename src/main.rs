@@ -8,7 +8,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "agentd", version, about = "LLM inference for agentic workloads")]
+#[command(
+    name = "agentd",
+    version,
+    about = "LLM inference for agentic workloads"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Render chat-template golden cases with Hugging Face transformers.
+
+The Rust crate `agentd-chat` must render prompts byte-for-byte as
+`tokenizer.apply_chat_template(..., tokenize=False)` does. This script is the
+reference: it loads the real Qwen3 tokenizer from `models/qwen3/`, renders every
+case below and writes `tests/fixtures/chat/qwen3_golden.json`. CI never runs
+Python; the Rust tests compare against the committed fixture.
+
+Cases are written the way an OpenAI client sends them (tool-call `arguments` as
+a JSON string, `content` as a list of text parts or null). Before rendering we
+apply the same normalisation vLLM applies to OpenAI requests and that the Rust
+crate implements (see `normalize_like_vllm`), because transformers itself does
+not accept those shapes with the Qwen3 template (it would try `str + list`).
+
+Usage: scripts/make_chat_golden.sh (creates a venv outside the repository).
+"""
+
+import copy
+import json
+import os
+import sys
+
+import transformers
+from transformers import AutoTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_DIR = os.path.join(ROOT, "models", "qwen3")
+OUT = os.path.join(ROOT, "tests", "fixtures", "chat", "qwen3_golden.json")
+
+
+def normalize_like_vllm(messages):
+    """OpenAI request messages -> the dicts a chat template sees (vLLM's rules).
+
+    - content parts: text parts joined with "\\n" (vLLM's "string" content format,
+      which it detects for Qwen3's template); null content -> "".
+    - tool-call arguments given as a JSON string are parsed into an object
+      (vLLM does this so templates can `tojson` them); an empty string -> {}.
+    - `reasoning` is accepted as an alias of `reasoning_content`.
+    - role "developer" (OpenAI's newer name for system) -> "system".
+    """
+    out = []
+    for message in messages:
+        m = copy.deepcopy(message)
+        content = m.get("content")
+        if content is None:
+            m["content"] = ""
+        elif isinstance(content, list):
+            m["content"] = "\n".join(part["text"] for part in content)
+        if m.get("role") == "developer":
+            m["role"] = "system"
+        for call in m.get("tool_calls") or []:
+            args = call["function"].get("arguments")
+            if isinstance(args, str):
+                call["function"]["arguments"] = json.loads(args) if args else {}
+        if "reasoning" in m:
+            reasoning = m.pop("reasoning")
+            m.setdefault("reasoning_content", reasoning)
+        out.append(m)
+    return out
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web.\nReturns the top results.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "max_results": {"type": "integer", "default": 5, "minimum": 1},
+                "temperature": {"type": "number", "default": 0.5},
+                "safe": {"type": "boolean", "default": True},
+                "region": {"type": ["string", "null"], "default": None},
+            },
+            "required": ["query"],
+        },
+    },
+}
+
+UNICODE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "traduire",
+        "description": "Traduit un texte — « guillemets », 日本語, emoji 🌍.",
+        "parameters": {
+            "type": "object",
+            "properties": {"texte": {"type": "string", "description": "Le texte à traduire"}},
+            "required": ["texte"],
+        },
+    },
+}
+
+
+def call(id_, name, arguments):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+CASES = [
+    {"name": "single_user", "messages": [{"role": "user", "content": "Hello!"}],
+     "add_generation_prompt": True},
+    {"name": "single_user_no_generation_prompt", "messages": [{"role": "user", "content": "Hello!"}],
+     "add_generation_prompt": False},
+    {"name": "system_and_user",
+     "messages": [{"role": "system", "content": "You are a terse assistant."},
+                  {"role": "user", "content": "What is 2+2?"}],
+     "add_generation_prompt": True},
+    {"name": "developer_role_as_system",
+     "messages": [{"role": "developer", "content": "Answer in French."},
+                  {"role": "user", "content": "Hi"}],
+     "add_generation_prompt": True},
+    {"name": "multi_turn",
+     "messages": [{"role": "system", "content": "You are helpful."},
+                  {"role": "user", "content": "What is the capital of France?"},
+                  {"role": "assistant", "content": "Paris."},
+                  {"role": "user", "content": "And of Italy?"},
+                  {"role": "assistant", "content": "Rome."},
+                  {"role": "user", "content": "Thanks"}],
+     "add_generation_prompt": True},
+    {"name": "multi_turn_ending_with_assistant_no_generation_prompt",
+     "messages": [{"role": "user", "content": "Say hi"},
+                  {"role": "assistant", "content": "Hi!"}],
+     "add_generation_prompt": False},
+    {"name": "enable_thinking_false", "messages": [{"role": "user", "content": "Quick answer: 3*7?"}],
+     "add_generation_prompt": True, "chat_template_kwargs": {"enable_thinking": False}},
+    {"name": "enable_thinking_true", "messages": [{"role": "user", "content": "Think about 3*7."}],
+     "add_generation_prompt": True, "chat_template_kwargs": {"enable_thinking": True}},
+    {"name": "enable_thinking_false_no_generation_prompt",
+     "messages": [{"role": "user", "content": "Hi"}],
+     "add_generation_prompt": False, "chat_template_kwargs": {"enable_thinking": False}},
+    {"name": "history_with_think_blocks_stripped",
+     "messages": [{"role": "user", "content": "What is 6*7?"},
+                  {"role": "assistant", "content": "<think>\n6*7 is 42.\n</think>\n\n42"},
+                  {"role": "user", "content": "And 6*8?"},
+                  {"role": "assistant", "content": "<think>\nAdd 6 to 42.\n</think>\n\n48"},
+                  {"role": "user", "content": "Thanks!"}],
+     "add_generation_prompt": True},
+    {"name": "final_assistant_keeps_think",
+     "messages": [{"role": "user", "content": "What is 6*7?"},
+                  {"role": "assistant", "content": "<think>\nmultiply\n</think>\n\n42"}],
+     "add_generation_prompt": False},
+    {"name": "reasoning_content_field",
+     "messages": [{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": None, "reasoning_content": "I should call the tool.",
+                   "tool_calls": [call("call_1", "get_weather", "{\"city\": \"Paris\"}")]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}],
+     "tools": [WEATHER_TOOL], "add_generation_prompt": True},
+    {"name": "reasoning_alias_field",
+     "messages": [{"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "Hello!", "reasoning": "Greet back."}],
+     "add_generation_prompt": False},
+    {"name": "tools_with_system",
+     "messages": [{"role": "system", "content": "You are a weather bot."},
+                  {"role": "user", "content": "Weather in Paris?"}],
+     "tools": [WEATHER_TOOL, SEARCH_TOOL], "add_generation_prompt": True},
+    {"name": "tools_without_system",
+     "messages": [{"role": "user", "content": "Search for rust minijinja"}],
+     "tools": [SEARCH_TOOL], "add_generation_prompt": True},
+    {"name": "empty_tools_list_is_no_tools",
+     "messages": [{"role": "user", "content": "Hi"}],
+     "tools": [], "add_generation_prompt": True},
+    {"name": "assistant_single_tool_call",
+     "messages": [{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [call("call_1", "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}")]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21, \"sky\": \"clear\"}"}],
+     "tools": [WEATHER_TOOL], "add_generation_prompt": True},
+    {"name": "assistant_several_tool_calls_with_text",
+     "messages": [{"role": "system", "content": "Be precise."},
+                  {"role": "user", "content": "Weather in Paris and Rome?"},
+                  {"role": "assistant", "content": "Let me check both.",
+                   "tool_calls": [call("call_a", "get_weather", "{\"city\": \"Paris\"}"),
+                                  call("call_b", "get_weather", "{\"city\": \"Rome\"}")]},
+                  {"role": "tool", "tool_call_id": "call_a", "content": "18C"},
+                  {"role": "tool", "tool_call_id": "call_b", "content": "24C"},
+                  {"role": "assistant", "content": "Paris 18C, Rome 24C."},
+                  {"role": "user", "content": "Thanks"}],
+     "tools": [WEATHER_TOOL], "add_generation_prompt": True},
+    {"name": "multi_step_tools_with_reasoning",
+     "messages": [{"role": "user", "content": "Find the weather where the Louvre is."},
+                  {"role": "assistant", "content": "<think>\nFirst find the city.\n</think>\n\n",
+                   "tool_calls": [call("c1", "search", "{\"query\": \"Louvre city\"}")]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "Paris"},
+                  {"role": "assistant", "content": "<think>\nNow the weather.\n</think>\n\n",
+                   "tool_calls": [call("c2", "get_weather", "{\"city\": \"Paris\"}")]},
+                  {"role": "tool", "tool_call_id": "c2", "content": "Sunny"}],
+     "tools": [SEARCH_TOOL, WEATHER_TOOL], "add_generation_prompt": True,
+     "chat_template_kwargs": {"enable_thinking": True}},
+    {"name": "tool_arguments_as_object_and_nested",
+     "messages": [{"role": "user", "content": "Search"},
+                  {"role": "assistant", "content": "",
+                   "tool_calls": [{"id": "x", "type": "function",
+                                   "function": {"name": "search",
+                                                "arguments": {"query": "a \"quoted\"\nline", "max_results": 3,
+                                                              "temperature": 0.25, "safe": False, "region": None,
+                                                              "filters": {"lang": ["en", "fr"], "year": 2024}}}}]},
+                  {"role": "tool", "tool_call_id": "x", "content": "[]"}],
+     "tools": [SEARCH_TOOL], "add_generation_prompt": True},
+    {"name": "tool_arguments_number_formats",
+     "messages": [{"role": "user", "content": "n"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [call("n1", "search",
+                                       "{\"a\": 1.0, \"b\": 1e20, \"c\": 1.5e-7, \"d\": -0.0, \"e\": 123456789012,"
+                                       " \"f\": 0.1, \"g\": 1e16, \"h\": 1234567890123456.7, \"i\": [], \"j\": {}}")]}],
+     "tools": [SEARCH_TOOL], "add_generation_prompt": False},
+    {"name": "tool_response_looking_user_message",
+     "messages": [{"role": "user", "content": "Start"},
+                  {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nok"},
+                  {"role": "user", "content": "<tool_response>\nresult\n</tool_response>"}],
+     "add_generation_prompt": True},
+    {"name": "content_as_text_parts",
+     "messages": [{"role": "system", "content": [{"type": "text", "text": "You are helpful."}]},
+                  {"role": "user", "content": [{"type": "text", "text": "First part."},
+                                               {"type": "text", "text": "Second part."}]},
+                  {"role": "assistant", "content": [{"type": "text", "text": "Noted."}]},
+                  {"role": "user", "content": [{"type": "text", "text": "Go on"}]}],
+     "add_generation_prompt": True},
+    {"name": "unicode_everywhere",
+     "messages": [{"role": "system", "content": "Réponds en français. 日本語も大丈夫。"},
+                  {"role": "user", "content": "Traduis « bonjour » — and 🌍 👋🏽"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [call("u1", "traduire", "{\"texte\": \"bonjour — ça va ? 東京 🌍\\u00e9\"}")]},
+                  {"role": "tool", "tool_call_id": "u1", "content": "こんにちは"}],
+     "tools": [UNICODE_TOOL], "add_generation_prompt": True},
+    {"name": "second_system_message_mid_conversation",
+     "messages": [{"role": "system", "content": "S1"},
+                  {"role": "user", "content": "U1"},
+                  {"role": "system", "content": "S2"},
+                  {"role": "user", "content": "U2"}],
+     "add_generation_prompt": True},
+    {"name": "continue_final_message",
+     "messages": [{"role": "user", "content": "Write a haiku."},
+                  {"role": "assistant", "content": "Autumn moonlight —"}],
+     "add_generation_prompt": False, "continue_final_message": True},
+    {"name": "continue_final_message_trailing_space",
+     "messages": [{"role": "user", "content": "Count"},
+                  {"role": "assistant", "content": "One, two, "}],
+     "add_generation_prompt": False, "continue_final_message": True},
+]
+
+# Small templates that pin down the rendering environment itself (filters,
+# Python string methods, output formatting of non-strings, loop controls).
+ENV_TEMPLATE = (
+    "{%- set m = messages[0].content -%}\n"
+    "split={{ m.split(',') }}|rsplit={{ m.rsplit(',', 1) }}|ws={{ '  a  b '.split() }}\n"
+    "strip=[{{ '  x  '.strip() }}][{{ 'xxhixx'.strip('x') }}][{{ '\\n\\nhi'.lstrip('\\n') }}][{{ 'hi\\n'.rstrip() }}]\n"
+    "case={{ m.upper() }}/{{ m.lower() }}/{{ 'hello world'.title() }}\n"
+    "sw={{ m.startswith('a') }}/{{ m.endswith('c') }}/{{ m.replace(',', ';') }}\n"
+    "values={{ none }}|{{ true }}|{{ false }}|{{ 1.5 }}|{{ 2.0 }}|{{ 10 }}|{{ [1, 'a', none, true] }}|{{ {'k': 'v'} }}\n"
+    "tojson={{ tools | tojson }}\n"
+    "indent={{ tools[0] | tojson(indent=2) }}\n"
+    "sorted={{ {'b': 1, 'a': [1, 2]} | tojson(sort_keys=true) }}\n"
+    "ascii={{ 'é🌍\"\\\\' | tojson(ensure_ascii=true) }}|{{ 'é🌍\\t' | tojson }}\n"
+    "seps={{ {'a': [1, 2]} | tojson(separators=(',', ':')) }}\n"
+    "{%- for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}\n"
+    "loop={{ i }}\n"
+    "{%- endfor %}\n"
+    "{% if add_generation_prompt %}gen{% endif %}\n"
+)
+
+ENV_CASES = [
+    {"name": "env_python_compat",
+     "chat_template": ENV_TEMPLATE,
+     "messages": [{"role": "user", "content": "a,b,c"}],
+     "tools": [SEARCH_TOOL, UNICODE_TOOL], "add_generation_prompt": True},
+    {"name": "env_blocks_trim_and_lstrip",
+     "chat_template": "{% for message in messages %}\n    {% if message.role == 'user' %}\n[{{ message.content }}]\n    {% endif %}\n{% endfor %}\nend\n",
+     "messages": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
+     "add_generation_prompt": False},
+    {"name": "env_special_tokens_visible",
+     "chat_template": "{{ eos_token }}|{{ pad_token }}|{{ bos_token is defined }}|{{ custom_kwarg }}",
+     "messages": [{"role": "user", "content": "x"}],
+     "add_generation_prompt": False, "chat_template_kwargs": {"custom_kwarg": "kw"}},
+]
+
+
+def render(tok, case):
+    kwargs = dict(case.get("chat_template_kwargs") or {})
+    if "chat_template" in case:
+        kwargs["chat_template"] = case["chat_template"]
+    return tok.apply_chat_template(
+        normalize_like_vllm(case["messages"]),
+        tools=case.get("tools"),
+        tokenize=False,
+        add_generation_prompt=case.get("add_generation_prompt", False),
+        continue_final_message=case.get("continue_final_message", False),
+        **kwargs,
+    )
+
+
+def main():
+    tok = AutoTokenizer.from_pretrained(MODEL_DIR)
+    out = {
+        "generator": "scripts/make_chat_golden.py",
+        "transformers_version": transformers.__version__,
+        "special_tokens_map": tok.special_tokens_map,
+        "cases": [],
+    }
+    for case in CASES + ENV_CASES:
+        expected = render(tok, case)
+        entry = {
+            "name": case["name"],
+            "messages": case["messages"],
+            "tools": case.get("tools"),
+            "add_generation_prompt": case.get("add_generation_prompt", False),
+            "continue_final_message": case.get("continue_final_message", False),
+            "chat_template_kwargs": case.get("chat_template_kwargs") or {},
+            "expected": expected,
+        }
+        if "chat_template" in case:
+            entry["chat_template"] = case["chat_template"]
+        out["cases"].append(entry)
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(out['cases'])} cases to {os.path.relpath(OUT, ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
