@@ -103,8 +103,9 @@ impl StreamParser {
     /// Ends the generation: flushes everything held back.
     pub fn finish(&mut self) -> Vec<ChatDelta> {
         let mut out = Vec::new();
-        while self.step(&mut out, false) {}
-        self.step(&mut out, true);
+        // Each `true` either consumes input or moves to a later phase, so
+        // this terminates.
+        while self.step(&mut out, true) {}
         out
     }
 
