@@ -36,7 +36,8 @@ def normalize_like_vllm(messages):
       which it detects for Qwen3's template); null content -> "".
     - tool-call arguments given as a JSON string are parsed into an object
       (vLLM does this so templates can `tojson` them); an empty string -> {}.
-    - `reasoning` is accepted as an alias of `reasoning_content`.
+    - `reasoning` (preferred) or `reasoning_content` is forwarded as
+      `reasoning_content` on assistant messages only.
     - role "developer" (OpenAI's newer name for system) -> "system".
     """
     out = []
@@ -53,9 +54,13 @@ def normalize_like_vllm(messages):
             args = call["function"].get("arguments")
             if isinstance(args, str):
                 call["function"]["arguments"] = json.loads(args) if args else {}
-        if "reasoning" in m:
-            reasoning = m.pop("reasoning")
-            m.setdefault("reasoning_content", reasoning)
+        reasoning = m.pop("reasoning", None)
+        if reasoning is None:
+            reasoning = m.pop("reasoning_content", None)
+        else:
+            m.pop("reasoning_content", None)
+        if m["role"] == "assistant" and reasoning is not None:
+            m["reasoning_content"] = reasoning
         out.append(m)
     return out
 
@@ -275,7 +280,64 @@ ENV_TEMPLATE = (
     "{% if add_generation_prompt %}gen{% endif %}\n"
 )
 
+# Constructs common in Hub templates (Llama 3.x, Mistral, Granite, Phi, GLM):
+# dict-style access, filters, tests, macros, slicing, inline if, `~`,
+# integer division/modulo, loop attributes, `items()`, `format`.
+HUB_IDIOMS_TEMPLATE = """{%- macro render_tool(t) -%}
+{{ t.function.name }}({% for k, v in t.function.parameters.properties.items() %}{{ k }}: {{ v['type'] }}{% if not loop.last %}, {% endif %}{% endfor %})
+{%- endmacro -%}
+{{- bos_token | default('') -}}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] | trim %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = 'You are a helpful assistant.' %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+<<SYS>>{{ system_message }}<</SYS>>
+{% if tools is not none and tools | length > 0 %}
+Tools ({{ tools | length }}): {{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}
+{% for t in tools %}
+- {{ render_tool(t) }}
+{% endfor %}
+{% endif %}
+{%- for message in loop_messages %}
+    {%- if loop.first and message['role'] != 'user' %}
+        {{- raise_exception('Conversation must start with a user message, got ' ~ message['role']) }}
+    {%- endif %}
+    {%- set content = message['content'] if message['content'] is string else '' %}
+[{{ loop.index }}/{{ loop.length }}|{{ loop.revindex0 }}] {{ message.role | upper }}: {{ content[:12] ~ ('...' if content | length > 12 else '') }}
+    {%- if message.tool_calls is defined %}
+        {%- for call in message.tool_calls %} -> {{ call.function.name }} {{ call.function.arguments | tojson }}{% endfor %}
+    {%- endif %}
+{% endfor %}
+{%- set users = loop_messages | selectattr('role', 'equalto', 'user') | list %}
+users={{ users | length }} half={{ (loop_messages | length) // 2 }} odd={{ (loop_messages | length) % 2 == 1 }} last={{ (loop_messages | last).role }} first={{ (loop_messages | first)['role'] }}
+fmt={{ '{}-{}'.format('a', 3) }} count={{ 'banana'.count('a') }} find={{ 'banana'.find('n') }} title={{ 'hello world' | title }} cap={{ 'hello' | capitalize }}
+dict={% for k, v in {'b': 1, 'a': 2} | dictsort %}{{ k }}={{ v }};{% endfor %} keys={{ {'x': 1, 'y': 2}.keys() | list }} get={{ {'x': 1}.get('y', 'dflt') }}
+tests={{ none is none }}/{{ 1 is number }}/{{ 'a' is string }}/{{ {} is mapping }}/{{ [] is iterable }}/{{ undefined_thing is defined }}/{{ [1, 2] is sequence }}
+ns={%- set ns = namespace(total=0) %}{% for i in [1, 2, 3] %}{% set ns.total = ns.total + i %}{% endfor %}{{ ns.total }} rev={{ [1, 2, 3] | reverse | list }} sum={{ [1, 2, 3] | sum }} max={{ [3, 1, 2] | max }}
+round={{ 2.567 | round(2) }} int={{ '42' | int }} float={{ 3 | float }} str={{ 5 | string }} abs={{ -3 | abs }} idx={{ 'abc'[-1] }} slice={{ [1, 2, 3, 4][::2] }}
+{%- if add_generation_prompt %}
+ASSISTANT:
+{%- endif %}
+"""
+
 ENV_CASES = [
+    {"name": "env_hub_idioms",
+     "chat_template": HUB_IDIOMS_TEMPLATE,
+     "messages": [{"role": "system", "content": "  Be brief.  "},
+                  {"role": "user", "content": "What is the weather like today in Paris?"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [call("c1", "get_weather", "{\"city\": \"Paris\"}")]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                  {"role": "user", "content": "Thanks"}],
+     "tools": [WEATHER_TOOL, SEARCH_TOOL], "add_generation_prompt": True},
+    {"name": "env_hub_idioms_raise_exception",
+     "chat_template": HUB_IDIOMS_TEMPLATE,
+     "messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}],
+     "add_generation_prompt": True},
+
     {"name": "env_python_compat",
      "chat_template": ENV_TEMPLATE,
      "messages": [{"role": "user", "content": "a,b,c"}],
@@ -289,6 +351,14 @@ ENV_CASES = [
      "messages": [{"role": "user", "content": "x"}],
      "add_generation_prompt": False, "chat_template_kwargs": {"custom_kwarg": "kw"}},
 ]
+
+
+def render_or_error(tok, case):
+    """The rendered prompt, or {"error": message} when the template raises."""
+    try:
+        return render(tok, case)
+    except Exception as e:  # jinja2 TemplateError from raise_exception
+        return {"error": str(e)}
 
 
 def render(tok, case):
@@ -314,7 +384,7 @@ def main():
         "cases": [],
     }
     for case in CASES + ENV_CASES:
-        expected = render(tok, case)
+        expected = render_or_error(tok, case)
         entry = {
             "name": case["name"],
             "messages": case["messages"],

@@ -184,7 +184,9 @@ pub(crate) fn normalize_message(index: usize, m: &ChatMessage) -> Result<Json, C
         }
         (None, _) => {}
     }
-    if let Some(reasoning) = m.reasoning_content.as_ref().or(m.reasoning.as_ref()) {
+    // vLLM forwards reasoning on assistant turns only, preferring `reasoning`.
+    let reasoning = m.reasoning.as_ref().or(m.reasoning_content.as_ref());
+    if let Some(reasoning) = reasoning.filter(|_| role == "assistant") {
         out.insert("reasoning_content".into(), Json::from(reasoning.as_str()));
         out.insert("reasoning".into(), Json::from(reasoning.as_str()));
         out.insert("thinking".into(), Json::from(reasoning.as_str()));

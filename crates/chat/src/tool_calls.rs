@@ -5,7 +5,8 @@
 //! Rules (shared with the streaming parser, which must produce the same
 //! result for any chunking):
 //! - a block whose body is a JSON object with a string `name` and an
-//!   `arguments` member is a tool call; `arguments` is serialised as Python's
+//!   `arguments` member (an object, or a string holding JSON, which is
+//!   decoded) is a tool call; `arguments` is serialised as Python's
 //!   `json.dumps(..., ensure_ascii=False)` would (vLLM's hermes parser does
 //!   exactly that, so clients see the same strings);
 //! - a block that does not parse stays in the content verbatim, tags included
@@ -96,7 +97,13 @@ pub(crate) fn parse_call_body(body: &str) -> Option<(String, String)> {
     let json: Json = serde_json::from_str(body).ok()?;
     let obj = json.as_object()?;
     let name = obj.get("name")?.as_str()?.to_string();
-    let arguments = pyjson::dumps_default(&Value::from(Serde(obj.get("arguments")?))).ok()?;
+    let arguments = match obj.get("arguments")? {
+        // Some models double-encode the arguments; vLLM decodes them (and
+        // treats undecodable ones as a malformed call), so do we.
+        Json::String(s) => serde_json::from_str::<Json>(s).ok()?,
+        other => other.clone(),
+    };
+    let arguments = pyjson::dumps_default(&Value::from(Serde(&arguments))).ok()?;
     Some((name, arguments))
 }
 

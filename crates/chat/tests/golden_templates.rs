@@ -1,7 +1,7 @@
 //! Renders every case of `tests/fixtures/chat/qwen3_golden.json` (produced by
 //! transformers via `scripts/make_chat_golden.py`) and compares byte for byte.
 
-use agentd_chat::{ChatMessage, ChatTemplate, RenderOptions};
+use agentd_chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
@@ -20,7 +20,16 @@ struct Case {
     continue_final_message: bool,
     chat_template_kwargs: Map<String, Json>,
     chat_template: Option<String>,
-    expected: String,
+    expected: Expected,
+}
+
+/// The prompt transformers rendered, or the message of the exception the
+/// template raised.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Expected {
+    Prompt(String),
+    Error { error: String },
 }
 
 fn fixture() -> Fixture {
@@ -78,10 +87,18 @@ fn renders_exactly_like_transformers() {
             continue_final_message: case.continue_final_message,
             chat_template_kwargs: case.chat_template_kwargs.clone(),
         };
-        match template.render(&case.messages, case.tools.as_deref(), &opts) {
-            Ok(got) if got == case.expected => {}
-            Ok(got) => failures.push(format!("{}: {}", case.name, diff(&case.expected, &got))),
-            Err(e) => failures.push(format!("{}: error {e}", case.name)),
+        let got = template.render(&case.messages, case.tools.as_deref(), &opts);
+        match (&case.expected, got) {
+            (Expected::Prompt(want), Ok(got)) if *want == got => {}
+            (Expected::Prompt(want), Ok(got)) => {
+                failures.push(format!("{}: {}", case.name, diff(want, &got)))
+            }
+            (Expected::Error { error }, Err(ChatError::Template(got))) if *error == got => {}
+            (Expected::Prompt(_), Err(e)) => failures.push(format!("{}: error {e}", case.name)),
+            (Expected::Error { error }, got) => failures.push(format!(
+                "{}: expected template error {error:?}, got {got:?}",
+                case.name
+            )),
         }
     }
     assert!(

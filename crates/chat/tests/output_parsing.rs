@@ -182,6 +182,20 @@ fn tool_parsing_off_leaves_tags() {
 }
 
 #[test]
+fn double_encoded_arguments_are_decoded() {
+    let text = r#"<tool_call>{"name": "f", "arguments": "{\"city\":\"Paris\"}"}</tool_call>"#;
+    let out = parse(text, OFF, true);
+    assert_eq!(
+        out.tool_calls,
+        vec![call("call_t0", "f", r#"{"city": "Paris"}"#)]
+    );
+    // A string that is not JSON makes the call malformed (vLLM: content).
+    let text = r#"<tool_call>{"name": "f", "arguments": "Paris"}</tool_call>"#;
+    let out = parse(text, OFF, true);
+    assert_eq!(out.content.as_deref(), Some(text));
+}
+
+#[test]
 fn python_number_spelling_in_arguments() {
     let text = r#"<tool_call>{"name":"f","arguments":{"a":1.0,"b":1e20,"c":0.00001,"d":-0.0,"e":12345678901234567890}}</tool_call>"#;
     let out = parse(text, OFF, true);
