@@ -73,6 +73,9 @@ pub struct StreamParser {
     pending_ws: String,
     after_call: bool,
     calls: usize,
+    /// In a tool-call block: bytes of `buf` already known not to start
+    /// `</tool_call>`.
+    scanned: usize,
 }
 
 impl StreamParser {
@@ -89,6 +92,7 @@ impl StreamParser {
             pending_ws: String::new(),
             after_call: false,
             calls: 0,
+            scanned: 0,
         }
     }
 
@@ -165,15 +169,24 @@ impl StreamParser {
                 false
             }
             Phase::ToolCall => {
-                let (body, closed) = match self.buf.find(TOOL_CALL_END) {
+                // Resume the search where the last one stopped (minus a
+                // partial tag): a call that writes a large file arrives in
+                // thousands of small deltas and must not be rescanned each time.
+                let from = floor_char_boundary(&self.buf, self.scanned);
+                let found = self.buf[from..].find(TOOL_CALL_END).map(|i| from + i);
+                let (body, closed) = match found {
                     Some(i) => {
                         let body: String = self.buf.drain(..i).collect();
                         self.buf.drain(..TOOL_CALL_END.len());
                         (body, true)
                     }
                     None if at_end => (std::mem::take(&mut self.buf), false),
-                    None => return false,
+                    None => {
+                        self.scanned = self.buf.len().saturating_sub(TOOL_CALL_END.len() - 1);
+                        return false;
+                    }
                 };
+                self.scanned = 0;
                 self.finish_block(out, &body, closed);
                 self.phase = Phase::Content;
                 true
@@ -260,6 +273,15 @@ fn partial_tag_len(buf: &str, tag: &str) -> usize {
         .rev()
         .find(|&n| buf.is_char_boundary(buf.len() - n) && tag.starts_with(&buf[buf.len() - n..]))
         .unwrap_or(0)
+}
+
+/// The largest char boundary of `s` at or below `i`.
+fn floor_char_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }
 
 fn emit_reasoning(out: &mut Vec<ChatDelta>, text: String) {

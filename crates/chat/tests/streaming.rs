@@ -203,3 +203,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn large_tool_call_in_tiny_deltas_is_linear() {
+    // ~200 KB of arguments fed 3 bytes at a time: quadratic rescanning would
+    // take tens of seconds here; the incremental search takes milliseconds.
+    let payload = "x".repeat(200_000);
+    let text = format!(
+        "<tool_call>{{\"name\": \"write_file\", \"arguments\": {{\"content\": \"{payload}\"}}}}</tool_call>"
+    );
+    let o = opts(ReasoningMode::Disabled, true);
+    let mut p = StreamParser::new(o, ToolCallIds::sequential("t"));
+    let start = std::time::Instant::now();
+    let mut deltas = Vec::new();
+    let bytes = text.as_bytes();
+    for chunk in bytes.chunks(3) {
+        deltas.extend(p.push(std::str::from_utf8(chunk).expect("ascii")));
+    }
+    deltas.extend(p.finish());
+    assert!(start.elapsed().as_secs() < 5, "took {:?}", start.elapsed());
+    let mut acc = DeltaAccumulator::default();
+    deltas.iter().for_each(|d| acc.add(d));
+    assert_eq!(acc.finish(), whole(&text, o));
+}
