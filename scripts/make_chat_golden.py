@@ -29,11 +29,13 @@ MODEL_DIR = os.path.join(ROOT, "models", "qwen3")
 OUT = os.path.join(ROOT, "tests", "fixtures", "chat", "qwen3_golden.json")
 
 
-def normalize_like_vllm(messages):
+def normalize_like_vllm(messages, content_format="string"):
     """OpenAI request messages -> the dicts a chat template sees (vLLM's rules).
 
-    - content parts: text parts joined with "\\n" (vLLM's "string" content format,
-      which it detects for Qwen3's template); null content -> "".
+    - content, "string" format (vLLM detects it for templates that concatenate
+      message.content, like Qwen3's): text parts joined with "\\n"; null -> "".
+    - content, "openai" format (templates that loop over message['content']):
+      always a list of {"type": "text", "text": ...} parts; null -> [].
     - tool-call arguments given as a JSON string are parsed into an object
       (vLLM does this so templates can `tojson` them); an empty string -> {}.
     - `reasoning` (preferred) or `reasoning_content` is forwarded as
@@ -45,9 +47,15 @@ def normalize_like_vllm(messages):
         m = copy.deepcopy(message)
         content = m.get("content")
         if content is None:
-            m["content"] = ""
+            texts = []
         elif isinstance(content, list):
-            m["content"] = "\n".join(part["text"] for part in content)
+            texts = [part["text"] for part in content]
+        else:
+            texts = [content]
+        if content_format == "openai":
+            m["content"] = [{"type": "text", "text": t} for t in texts]
+        else:
+            m["content"] = "\n".join(texts)
         if m.get("role") == "developer":
             m["role"] = "system"
         for call in m.get("tool_calls") or []:
@@ -323,7 +331,29 @@ ASSISTANT:
 {%- endif %}
 """
 
+# A template that loops over content parts (Qwen2-VL style): vLLM's "openai"
+# content format.
+PARTS_TEMPLATE = """{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system
+You are a helpful assistant.<|im_end|>
+{% endif %}<|im_start|>{{ message['role'] }}
+{% if message['content'] is string %}{{ message['content'] }}<|im_end|>
+{% else %}{% for content in message['content'] %}{% if content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
 ENV_CASES = [
+    {"name": "openai_content_format_parts_template",
+     "chat_template": PARTS_TEMPLATE, "content_format": "openai",
+     "messages": [{"role": "user", "content": "plain string"},
+                  {"role": "assistant", "content": None},
+                  {"role": "user", "content": [{"type": "text", "text": "part one, "},
+                                               {"type": "text", "text": "part two"}]}],
+     "add_generation_prompt": True},
+    {"name": "openai_content_format_continue_final_message",
+     "chat_template": PARTS_TEMPLATE, "content_format": "openai",
+     "messages": [{"role": "user", "content": "Write"},
+                  {"role": "assistant", "content": [{"type": "text", "text": "Once upon"}]}],
+     "add_generation_prompt": False, "continue_final_message": True},
     {"name": "env_hub_idioms",
      "chat_template": HUB_IDIOMS_TEMPLATE,
      "messages": [{"role": "system", "content": "  Be brief.  "},
@@ -366,7 +396,7 @@ def render(tok, case):
     if "chat_template" in case:
         kwargs["chat_template"] = case["chat_template"]
     return tok.apply_chat_template(
-        normalize_like_vllm(case["messages"]),
+        normalize_like_vllm(case["messages"], case.get("content_format", "string")),
         tools=case.get("tools"),
         tokenize=False,
         add_generation_prompt=case.get("add_generation_prompt", False),
@@ -392,6 +422,7 @@ def main():
             "add_generation_prompt": case.get("add_generation_prompt", False),
             "continue_final_message": case.get("continue_final_message", False),
             "chat_template_kwargs": case.get("chat_template_kwargs") or {},
+            "content_format": case.get("content_format", "string"),
             "expected": expected,
         }
         if "chat_template" in case:

@@ -13,6 +13,7 @@
 //! No HTTP and no tensors here: the server maps [`ChatError`]s to 400s and
 //! feeds decoded text in.
 
+mod content_format;
 mod environment;
 mod error;
 mod messages;
@@ -24,6 +25,7 @@ mod strftime;
 mod template;
 mod tool_calls;
 
+pub use content_format::{detect_content_format, ContentFormat};
 pub use error::ChatError;
 pub use messages::{
     normalize_messages, ChatMessage, ContentPart, FunctionCallParam, MessageContent, ToolCallParam,

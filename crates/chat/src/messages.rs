@@ -7,9 +7,10 @@
 //! location and message instead of a generic serde error.
 //!
 //! The normalisation follows vLLM, which the server replaces:
-//! - text content parts are joined with `"\n"` (vLLM's "string" content
-//!   format, the one it detects for Qwen3-style templates that do
-//!   `'...' + message.content`); `null` content becomes `""`;
+//! - for templates that concatenate `message.content` (vLLM's "string"
+//!   content format, detected for Qwen3) text parts are joined with `"\n"`
+//!   and `null` content becomes `""`; for templates that loop over content
+//!   parts ("openai" format) every content becomes a list of text parts;
 //! - tool-call `arguments` sent as a JSON string (the OpenAI API shape) are
 //!   parsed into a value so templates can `tojson` them; an empty string is
 //!   taken as `{}`;
@@ -17,6 +18,7 @@
 //!   exposed as `thinking` (transformers does this for gpt-oss templates);
 //! - role `developer` (OpenAI's newer name for `system`) renders as `system`.
 
+use crate::content_format::ContentFormat;
 use crate::error::ChatError;
 use minijinja::value::Serde;
 use minijinja::Value;
@@ -103,7 +105,10 @@ const ROLES: &str = "system, developer, user, assistant, tool";
 
 /// Validates `messages` and converts them into the JSON objects a chat
 /// template receives as `messages` (see the module docs for the rules).
-pub fn normalize_messages(messages: &[ChatMessage]) -> Result<Vec<Json>, ChatError> {
+pub fn normalize_messages(
+    messages: &[ChatMessage],
+    format: ContentFormat,
+) -> Result<Vec<Json>, ChatError> {
     if messages.is_empty() {
         return Err(ChatError::invalid(
             "messages",
@@ -113,13 +118,17 @@ pub fn normalize_messages(messages: &[ChatMessage]) -> Result<Vec<Json>, ChatErr
     messages
         .iter()
         .enumerate()
-        .map(|(i, m)| normalize_message(i, m))
+        .map(|(i, m)| normalize_message(i, m, format))
         .collect()
 }
 
 /// The normalised message as a JSON object (insertion-ordered, which is the
 /// order transformers' dict would have).
-pub(crate) fn normalize_message(index: usize, m: &ChatMessage) -> Result<Json, ChatError> {
+pub(crate) fn normalize_message(
+    index: usize,
+    m: &ChatMessage,
+    format: ContentFormat,
+) -> Result<Json, ChatError> {
     let at = format!("messages[{index}]");
     let role = match m.role.as_str() {
         "system" | "user" | "assistant" | "tool" => m.role.as_str(),
@@ -131,11 +140,11 @@ pub(crate) fn normalize_message(index: usize, m: &ChatMessage) -> Result<Json, C
             ))
         }
     };
-    let content = match &m.content {
-        Some(content) => flatten_content(&at, content)?,
+    let texts = match &m.content {
+        Some(content) => content_texts(&at, content)?,
         // OpenAI allows a null content only on assistant messages (tool-call
         // turns); everything else must say something.
-        None if role == "assistant" => String::new(),
+        None if role == "assistant" => Vec::new(),
         None => {
             return Err(ChatError::invalid(
                 format!("{at}.content"),
@@ -146,7 +155,21 @@ pub(crate) fn normalize_message(index: usize, m: &ChatMessage) -> Result<Json, C
 
     let mut out = Map::new();
     out.insert("role".into(), Json::from(role));
-    out.insert("content".into(), Json::from(content));
+    let content = match format {
+        ContentFormat::String => Json::from(texts.join("\n")),
+        ContentFormat::OpenAi => Json::Array(
+            texts
+                .into_iter()
+                .map(|text| {
+                    let mut part = Map::new();
+                    part.insert("type".into(), Json::from("text"));
+                    part.insert("text".into(), Json::from(text));
+                    Json::Object(part)
+                })
+                .collect(),
+        ),
+    };
+    out.insert("content".into(), content);
     if let Some(name) = &m.name {
         out.insert("name".into(), Json::from(name.as_str()));
     }
@@ -194,9 +217,10 @@ pub(crate) fn normalize_message(index: usize, m: &ChatMessage) -> Result<Json, C
     Ok(Json::Object(out))
 }
 
-fn flatten_content(at: &str, content: &MessageContent) -> Result<String, ChatError> {
+/// The texts of `content`: one for a string, one per part for a list.
+fn content_texts<'a>(at: &str, content: &'a MessageContent) -> Result<Vec<&'a str>, ChatError> {
     match content {
-        MessageContent::Text(text) => Ok(text.clone()),
+        MessageContent::Text(text) => Ok(vec![text.as_str()]),
         MessageContent::Parts(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
             for (j, part) in parts.iter().enumerate() {
@@ -215,7 +239,7 @@ fn flatten_content(at: &str, content: &MessageContent) -> Result<String, ChatErr
                     None => return Err(ChatError::invalid(at, "a text part requires 'text'")),
                 }
             }
-            Ok(texts.join("\n"))
+            Ok(texts)
         }
     }
 }

@@ -2,6 +2,7 @@
 //! and rendered the way `tokenizer.apply_chat_template(..., tokenize=False)`
 //! renders it.
 
+use crate::content_format::{detect_content_format, ContentFormat};
 use crate::environment::{chat_environment, rewrite_generation_tags, RaisedException};
 use crate::error::ChatError;
 use crate::messages::{normalize_messages, template_tools, ChatMessage};
@@ -46,14 +47,20 @@ const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 const DEFAULT_NAME: &str = "default";
 const TOOL_USE_NAME: &str = "tool_use";
 
+/// One named template.
+struct Entry {
+    name: String,
+    /// Kept for `continue_final_message`, which checks that the template
+    /// reads `content`.
+    source: String,
+    content_format: ContentFormat,
+}
+
 /// A compiled chat template (or the named set some models ship) plus the
 /// special tokens transformers passes to it (`bos_token`, `eos_token`, ...).
 pub struct ChatTemplate {
     env: Environment<'static>,
-    /// Names of the compiled templates, with their sources (the source is
-    /// needed by `continue_final_message`, which checks the template reads
-    /// `content`).
-    sources: Vec<(String, String)>,
+    templates: Vec<Entry>,
     special_tokens: Vec<(String, String)>,
 }
 
@@ -89,9 +96,17 @@ impl ChatTemplate {
                     ChatError::TemplateLoad(format!("template '{name}' does not compile: {e}"))
                 })?;
         }
+        let templates = templates
+            .into_iter()
+            .map(|(name, source)| Entry {
+                content_format: detect_content_format(&source),
+                name,
+                source,
+            })
+            .collect();
         Ok(ChatTemplate {
             env,
-            sources: templates,
+            templates,
             special_tokens,
         })
     }
@@ -144,7 +159,12 @@ impl ChatTemplate {
 
     /// Names of the available templates.
     pub fn names(&self) -> Vec<&str> {
-        self.sources.iter().map(|(n, _)| n.as_str()).collect()
+        self.templates.iter().map(|t| t.name.as_str()).collect()
+    }
+
+    /// The content shape the template used for these `tools` expects.
+    pub fn content_format(&self, has_tools: bool) -> Result<ContentFormat, ChatError> {
+        self.select(has_tools).map(|t| t.content_format)
     }
 
     /// The special token `name` (`"eos_token"`, ...), if the config set it.
@@ -157,8 +177,8 @@ impl ChatTemplate {
 
     /// transformers' `get_chat_template`: with several named templates, use
     /// `tool_use` when tools are given and it exists, else `default`.
-    fn select(&self, has_tools: bool) -> Result<&(String, String), ChatError> {
-        let find = |name: &str| self.sources.iter().find(|(n, _)| n == name);
+    fn select(&self, has_tools: bool) -> Result<&Entry, ChatError> {
+        let find = |name: &str| self.templates.iter().find(|t| t.name == name);
         let chosen = if has_tools { find(TOOL_USE_NAME) } else { None };
         chosen.or_else(|| find(DEFAULT_NAME)).ok_or_else(|| {
             ChatError::TemplateLoad(format!(
@@ -192,12 +212,12 @@ impl ChatTemplate {
                 ));
             }
         }
-        let mut msgs = normalize_messages(messages)?;
         let tools = tools.map(template_tools).transpose()?;
-        let (name, source) = self.select(tools.is_some())?;
+        let entry = self.select(tools.is_some())?;
+        let mut msgs = normalize_messages(messages, entry.content_format)?;
 
         let final_content = if opts.continue_final_message {
-            Some(tag_final_message(&mut msgs, source)?)
+            Some(tag_final_message(&mut msgs, &entry.source)?)
         } else {
             None
         };
@@ -225,7 +245,7 @@ impl ChatTemplate {
 
         let template = self
             .env
-            .get_template(name)
+            .get_template(&entry.name)
             .map_err(|e| ChatError::TemplateLoad(e.to_string()))?;
         let rendered = template
             .render(Value::from_pairs(ctx))
@@ -253,16 +273,23 @@ fn tag_final_message(msgs: &mut [Json], source: &str) -> Result<String, ChatErro
             "must contain at least one message",
         ));
     };
-    let content = last
-        .get("content")
-        .and_then(Json::as_str)
-        .unwrap_or_default()
-        .to_string();
-    last.insert(
-        "content".into(),
-        Json::from(format!("{content}{CONTINUE_TAG}")),
-    );
-    Ok(content)
+    // With list-shaped content transformers continues the last text part.
+    let text = match last.get_mut("content") {
+        Some(Json::Array(parts)) => parts.iter_mut().rev().find_map(|part| part.get_mut("text")),
+        Some(content) => Some(content),
+        None => None,
+    };
+    match text {
+        Some(Json::String(text)) => {
+            let original = text.clone();
+            text.push_str(CONTINUE_TAG);
+            Ok(original)
+        }
+        _ => Err(ChatError::invalid(
+            "continue_final_message",
+            "the final message has no text to continue",
+        )),
+    }
 }
 
 fn cut_at_continue_tag(rendered: String, final_content: &str) -> Result<String, ChatError> {

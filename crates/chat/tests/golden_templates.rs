@@ -1,7 +1,7 @@
 //! Renders every case of `tests/fixtures/chat/qwen3_golden.json` (produced by
 //! transformers via `scripts/make_chat_golden.py`) and compares byte for byte.
 
-use agentd_chat::{ChatError, ChatMessage, ChatTemplate, RenderOptions};
+use agentd_chat::{ChatError, ChatMessage, ChatTemplate, ContentFormat, RenderOptions};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
@@ -20,6 +20,9 @@ struct Case {
     continue_final_message: bool,
     chat_template_kwargs: Map<String, Json>,
     chat_template: Option<String>,
+    /// The content shape the golden script gave the template ("string" or
+    /// "openai"); the Rust side must detect the same from the template.
+    content_format: String,
     expected: Expected,
 }
 
@@ -82,6 +85,14 @@ fn renders_exactly_like_transformers() {
             }
             None => &qwen3,
         };
+        let want_format = match case.content_format.as_str() {
+            "openai" => ContentFormat::OpenAi,
+            _ => ContentFormat::String,
+        };
+        let detected = template.content_format(case.tools.is_some());
+        if detected != Ok(want_format) {
+            failures.push(format!("{}: content format {detected:?}", case.name));
+        }
         let opts = RenderOptions {
             add_generation_prompt: case.add_generation_prompt,
             continue_final_message: case.continue_final_message,
