@@ -2,6 +2,7 @@
 //! message: reasoning first (tool calls inside reasoning are not calls),
 //! then tool calls from the rest.
 
+use crate::messages::{ChatMessage, FunctionCallParam, MessageContent, ToolCallParam};
 use crate::reasoning::{split_reasoning, ReasoningMode};
 use crate::tool_calls::{extract_tool_calls, ToolCall, ToolCallIds};
 use serde::{Deserialize, Serialize};
@@ -38,5 +39,34 @@ pub fn parse_output(text: &str, opts: OutputOptions, ids: &mut ToolCallIds) -> P
         reasoning_content,
         content: (!content.is_empty()).then_some(content),
         tool_calls,
+    }
+}
+
+impl ParsedOutput {
+    /// The assistant message a client sends back in the next request's
+    /// history (content, tool calls with string arguments, reasoning).
+    pub fn to_message(&self) -> ChatMessage {
+        let tool_calls = (!self.tool_calls.is_empty()).then(|| {
+            self.tool_calls
+                .iter()
+                .map(|call| ToolCallParam {
+                    id: Some(call.id.clone()),
+                    kind: Some(call.kind.clone()),
+                    function: FunctionCallParam {
+                        name: call.function.name.clone(),
+                        arguments: Some(serde_json::Value::String(call.function.arguments.clone())),
+                    },
+                })
+                .collect()
+        });
+        ChatMessage {
+            role: "assistant".to_string(),
+            content: self.content.clone().map(MessageContent::Text),
+            name: None,
+            tool_calls,
+            tool_call_id: None,
+            reasoning_content: self.reasoning_content.clone(),
+            reasoning: None,
+        }
     }
 }
