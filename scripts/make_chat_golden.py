@@ -24,6 +24,8 @@ import sys
 import transformers
 from transformers import AutoTokenizer
 
+from chat_golden_random import random_cases
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "models", "qwen3")
 OUT = os.path.join(ROOT, "tests", "fixtures", "chat", "qwen3_golden.json")
@@ -405,6 +407,9 @@ def render(tok, case):
     )
 
 
+RANDOM_CASES = 150
+
+
 def main():
     tok = AutoTokenizer.from_pretrained(MODEL_DIR)
     out = {
@@ -413,7 +418,14 @@ def main():
         "special_tokens_map": tok.special_tokens_map,
         "cases": [],
     }
-    for case in CASES + ENV_CASES:
+    # Random conversations the template refuses (e.g. continue_final_message
+    # on a turn whose text the template rewrites) are skipped: the hand-written
+    # cases pin error behaviour.
+    randoms = []
+    for case in random_cases(seed=20261130, count=RANDOM_CASES + 40):
+        if len(randoms) < RANDOM_CASES and isinstance(render_or_error(tok, case), str):
+            randoms.append(case)
+    for case in CASES + ENV_CASES + randoms:
         expected = render_or_error(tok, case)
         entry = {
             "name": case["name"],

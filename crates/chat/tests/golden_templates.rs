@@ -1,5 +1,6 @@
 //! Renders every case of `tests/fixtures/chat/qwen3_golden.json` (produced by
-//! transformers via `scripts/make_chat_golden.py`) and compares byte for byte.
+//! transformers via `scripts/make_chat_golden.py`: hand-written cases plus
+//! 150 seeded random conversations) and compares byte for byte.
 
 use agentd_chat::{ChatError, ChatMessage, ChatTemplate, ContentFormat, RenderOptions};
 use serde::Deserialize;
@@ -67,7 +68,7 @@ fn diff(expected: &str, got: &str) -> String {
 #[test]
 fn renders_exactly_like_transformers() {
     let fixture = fixture();
-    assert!(fixture.cases.len() >= 25, "fixture lost cases");
+    assert!(fixture.cases.len() >= 180, "fixture lost cases");
     let qwen3 = ChatTemplate::qwen3().expect("embedded Qwen3 template loads");
     let special: Vec<(String, String)> = fixture
         .special_tokens_map
