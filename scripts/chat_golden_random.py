@@ -35,6 +35,8 @@ REASONING = [
 ARG_VALUES = [
     "Paris", "São Paulo", "東京", 'with "quotes"', "back\\slash", "new\nline",
     0, 1, -7, 123456789012, 0.5, 1.0, 1e-7, 2.5e21, True, False, None,
+    # Floats whose shortest repr needs exact (correctly rounded) parsing.
+    981.4296509745093, 4.3191936762038866e-10, 98482193.25097273, -938.7247735605499,
     [1, "two", 3.0], {"nested": {"deep": [True, None]}}, [], {},
 ]
 

@@ -4,8 +4,10 @@
 The Rust crate `agentd-chat` must render prompts byte-for-byte as
 `tokenizer.apply_chat_template(..., tokenize=False)` does. This script is the
 reference: it loads the real Qwen3 tokenizer from `models/qwen3/`, renders every
-case below and writes `tests/fixtures/chat/qwen3_golden.json`. CI never runs
-Python; the Rust tests compare against the committed fixture.
+case below and writes `tests/fixtures/chat/qwen3_golden.json`; it also writes
+`tests/fixtures/chat/qwen3_output_golden.json` (output parsing, see
+chat_golden_output.py). CI never runs Python; the Rust tests compare against
+the committed fixtures.
 
 Cases are written the way an OpenAI client sends them (tool-call `arguments` as
 a JSON string, `content` as a list of text parts or null). Before rendering we
@@ -24,11 +26,13 @@ import sys
 import transformers
 from transformers import AutoTokenizer
 
+from chat_golden_output import output_cases
 from chat_golden_random import random_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "models", "qwen3")
 OUT = os.path.join(ROOT, "tests", "fixtures", "chat", "qwen3_golden.json")
+OUTPUT_OUT = os.path.join(ROOT, "tests", "fixtures", "chat", "qwen3_output_golden.json")
 
 
 def normalize_like_vllm(messages, content_format="string"):
@@ -445,6 +449,15 @@ def main():
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"wrote {len(out['cases'])} cases to {os.path.relpath(OUT, ROOT)}", file=sys.stderr)
+
+    parsed = {
+        "generator": "scripts/make_chat_golden.py (chat_golden_output.py)",
+        "cases": output_cases(seed=20261130, count=200),
+    }
+    with open(OUTPUT_OUT, "w", encoding="utf-8") as f:
+        json.dump(parsed, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(parsed['cases'])} cases to {os.path.relpath(OUTPUT_OUT, ROOT)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
