@@ -57,6 +57,16 @@ impl ProgramScheduler {
         }
     }
 
+    /// Programs active on `replica`, in id order (introspection and tests).
+    pub fn active_programs(&self, replica: usize) -> impl Iterator<Item = ProgramId> + '_ {
+        self.active.get(replica).into_iter().flatten().copied()
+    }
+
+    /// The global waiting queue, in admission order (introspection and tests).
+    pub fn queue(&self) -> &WaitingQueue {
+        &self.queue
+    }
+
     /// `D(L)` as defined in the module docs, in blocks.
     pub fn demand(&self, l: usize, now: f64, mem: &dyn Memory) -> f64 {
         let mut d = mem.referenced(l) as f64;
@@ -154,7 +164,15 @@ impl ProgramScheduler {
                     let since = self.programs.get(&p).map_or(now, |q| q.acting_since);
                     excl * self.cfg.decay(now - since)
                 }
-                Phase::Reasoning => excl + self.cfg.decode_reserve_blocks as f64,
+                // Its whole term of `D` goes: the blocks only it references,
+                // the blocks of its prompt not prefilled yet, its reserve.
+                Phase::Reasoning => {
+                    let want = self
+                        .programs
+                        .get(&p)
+                        .map_or(0, |q| mem.blocks_for(q.context_tokens));
+                    excl + want.saturating_sub(held) as f64 + self.cfg.decode_reserve_blocks as f64
+                }
             };
             if phase == Phase::Acting && freed < 1.0 {
                 // Its memory already counts as (almost) free in D: pausing it
@@ -222,6 +240,13 @@ impl ProgramScheduler {
         let mut reserved = vec![false; n];
         let candidates: Vec<ProgramId> = self.queue.iter().take(MAX_ADMITS_PER_STEP).collect();
         for p in candidates {
+            // Paused by this very decision: its blocks are still referenced in
+            // `mem` (the engine has not applied the pause yet), so `need` would
+            // count them as shared and restore it at once — a flap within one
+            // step. It waits for the next step, which sees the pause applied.
+            if out.pause.contains(&p) {
+                continue;
+            }
             let Some(home) = self.programs.get(&p).map(|q| q.replica) else {
                 self.queue.remove(p);
                 continue;

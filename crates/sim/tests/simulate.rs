@@ -1,0 +1,105 @@
+//! The simulator on the real allocator and policies, at a scale a debug build
+//! runs in seconds (KV invariants are checked after every step here).
+
+use agentd_scheduler::{PolicyKind, SchedulerConfig};
+use agentd_sim::{run, RunResult, SimConfig, Workload};
+
+fn config(policy: PolicyKind, concurrency: usize) -> SimConfig {
+    let sched = SchedulerConfig {
+        policy,
+        ..SchedulerConfig::default()
+    };
+    let mut cfg = SimConfig::new(Workload::swe(), sched);
+    cfg.concurrency = concurrency;
+    cfg.kv_tokens = 100_000;
+    cfg.duration_s = 600.0;
+    cfg.warmup_s = 60.0;
+    // Checked in `same_seed_gives_the_same_result` only: it is O(blocks) per step.
+    cfg.check_invariants = false;
+    cfg
+}
+
+fn sim(policy: PolicyKind, concurrency: usize) -> RunResult {
+    run(&config(policy, concurrency)).expect("simulation runs")
+}
+
+/// Wall-clock measurements are the only fields allowed to differ between runs.
+fn deterministic(mut r: RunResult) -> RunResult {
+    r.sched_us_per_step = 0.0;
+    r.wall_s = 0.0;
+    r
+}
+
+#[test]
+fn same_seed_gives_the_same_result() {
+    let mut checked = config(PolicyKind::Program, 8);
+    checked.check_invariants = true;
+    checked.duration_s = 300.0;
+    let a = deterministic(run(&checked).expect("runs with invariants checked"));
+    let b = deterministic(run(&checked).expect("runs"));
+    assert_eq!(a, b);
+    let mut other = checked.clone();
+    other.seed = 2;
+    let c = deterministic(run(&other).expect("runs"));
+    assert_ne!(a, c, "the seed matters");
+}
+
+#[test]
+fn request_policy_thrashes_where_program_policy_keeps_its_cache() {
+    let req_low = sim(PolicyKind::Request, 3);
+    let req_high = sim(PolicyKind::Request, 12);
+    let prog_high = sim(PolicyKind::Program, 12);
+    assert!(req_low.prefix_hit_rate > 0.9, "{req_low:?}");
+    assert!(
+        req_high.prefix_hit_rate < req_low.prefix_hit_rate - 0.2,
+        "request policy thrashes: {} -> {}",
+        req_low.prefix_hit_rate,
+        req_high.prefix_hit_rate
+    );
+    assert!(
+        prog_high.prefix_hit_rate >= 0.85 * prog_high.ideal_hit_rate,
+        "program policy keeps its hit rate: {} of ideal {}",
+        prog_high.prefix_hit_rate,
+        prog_high.ideal_hit_rate
+    );
+    assert!(
+        prog_high.steps_per_min > 1.2 * req_high.steps_per_min,
+        "program {} vs request {} steps/min",
+        prog_high.steps_per_min,
+        req_high.steps_per_min
+    );
+    assert!(prog_high.recomputed_tokens * 4 < req_high.recomputed_tokens);
+}
+
+#[test]
+fn uncontended_policies_agree() {
+    // When everything fits, the two policies do the same work.
+    let p = sim(PolicyKind::Program, 3);
+    let r = sim(PolicyKind::Request, 3);
+    assert_eq!(p.pauses + p.preemptions, 0);
+    assert!((p.steps_per_min - r.steps_per_min).abs() / r.steps_per_min < 0.02);
+    assert!((p.prefix_hit_rate - p.ideal_hit_rate).abs() < 1e-9);
+}
+
+#[test]
+fn replicas_share_one_queue() {
+    let mut cfg = config(PolicyKind::Program, 16);
+    cfg.replicas = 2;
+    let r = run(&cfg).expect("runs");
+    assert!(r.steps_per_min > 0.0);
+    assert!(r.kv_imbalance >= 0.0 && r.kv_imbalance <= 1.0);
+    assert!(r.mean_kv_usage > 0.3, "both replicas are used: {r:?}");
+}
+
+#[test]
+fn bad_configs_are_rejected() {
+    let mut cfg = config(PolicyKind::Program, 4);
+    cfg.kv_tokens = 1_000;
+    let err = run(&cfg)
+        .expect_err("too small for the workload")
+        .to_string();
+    assert!(err.contains("kv_tokens"), "{err}");
+    let mut cfg = config(PolicyKind::Program, 4);
+    cfg.scheduler.lambda_min = 1.5;
+    assert!(run(&cfg).is_err());
+}
