@@ -8,7 +8,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "agentd", version, about = "LLM inference for agentic workloads")]
+#[command(
+    name = "agentd",
+    version,
+    about = "LLM inference for agentic workloads"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,6 +22,12 @@ struct Cli {
 enum Command {
     /// Print the version.
     Version,
+    /// Write a random-weight Hugging Face model directory from a model card.
+    MakeModel(cmd::make_model::MakeModelArgs),
+    /// Generate from a prompt offline (no server) through the paged runtime.
+    Generate(cmd::generate::GenerateArgs),
+    /// Measure prefill/decode throughput against stock candle-transformers.
+    BenchModel(cmd::bench_model::BenchModelArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +44,8 @@ fn main() -> anyhow::Result<()> {
             println!("{}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        Command::MakeModel(a) => cmd::make_model::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::BenchModel(a) => cmd::bench_model::run(a),
     }
 }

@@ -1,1 +1,5 @@
 //! One module per subcommand.
+
+pub mod bench_model;
+pub mod generate;
+pub mod make_model;

@@ -120,10 +120,10 @@ impl Qwen3Config {
         let rope = f.obj.get("rope_parameters").and_then(Value::as_object);
         let rope_theta = match f.opt_f64("rope_theta")? {
             Some(t) => t,
-            None => match rope.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64) {
-                Some(t) => t,
-                None => 10_000.0,
-            },
+            None => rope
+                .and_then(|r| r.get("rope_theta"))
+                .and_then(Value::as_f64)
+                .unwrap_or(10_000.0),
         };
         let scaling_obj = match f.obj.get("rope_scaling") {
             Some(Value::Object(o)) => Some(o),
@@ -194,7 +194,7 @@ impl Qwen3Config {
         if self.head_dim % 2 != 0 {
             return Err(err("head_dim", "must be even for RoPE".into()));
         }
-        if !(self.rope_theta > 0.0) {
+        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err(err("rope_theta", "must be positive".into()));
         }
         Ok(())
@@ -306,7 +306,9 @@ impl Fields<'_> {
                 .as_u64()
                 .and_then(|n| usize::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a non-negative integer, got {v}"))),
+                .ok_or_else(|| {
+                    self.err(field, format!("expected a non-negative integer, got {v}"))
+                }),
         }
     }
 

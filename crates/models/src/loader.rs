@@ -39,12 +39,11 @@ impl Weights {
         }
         // SAFETY: the files are mapped read-only; like every mmap-based loader we
         // rely on nobody truncating the checkpoint while the model is loaded.
-        let mmaped = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
-            ModelError::Weights {
+        let mmaped =
+            unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| ModelError::Weights {
                 path: dir.to_path_buf(),
                 reason: format!("cannot read safetensors: {e}"),
-            }
-        })?;
+            })?;
         let mut file_of = HashMap::new();
         for (name, _) in mmaped.tensors() {
             file_of.insert(name, PathBuf::new());
@@ -58,10 +57,11 @@ impl Weights {
         } else {
             for f in &files {
                 // SAFETY: as above.
-                let one = unsafe { MmapedSafetensors::new(f) }.map_err(|e| ModelError::Weights {
-                    path: f.clone(),
-                    reason: format!("cannot read safetensors: {e}"),
-                })?;
+                let one =
+                    unsafe { MmapedSafetensors::new(f) }.map_err(|e| ModelError::Weights {
+                        path: f.clone(),
+                        reason: format!("cannot read safetensors: {e}"),
+                    })?;
                 for (name, _) in one.tensors() {
                     file_of.insert(name, f.clone());
                 }

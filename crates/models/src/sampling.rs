@@ -68,16 +68,16 @@ impl SamplingParams {
     /// Rejects values that have no meaning (negative temperature, top_p > 1...).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(ModelError::Sampling(m.to_owned()));
-        if !(self.temperature >= 0.0) || !self.temperature.is_finite() {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
             return bad("temperature must be >= 0");
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
             return bad("top_p must be in (0, 1]");
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p must be in [0, 1]");
         }
-        if !(self.repetition_penalty > 0.0) || !self.repetition_penalty.is_finite() {
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
             return bad("repetition_penalty must be > 0");
         }
         if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
@@ -320,7 +320,9 @@ mod tests {
         };
         let draw = |p: &SamplingParams| {
             let mut s = sampler(p.clone());
-            (0..20).map(|_| s.sample(&logits).unwrap().token_id).collect::<Vec<_>>()
+            (0..20)
+                .map(|_| s.sample(&logits).unwrap().token_id)
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(&p), draw(&p));
         let other = SamplingParams {
@@ -334,9 +336,27 @@ mod tests {
     fn top_k_top_p_min_p_restrict_the_support() {
         let logits = [5.0, 4.9, 1.0, 0.0, -3.0];
         for (p, allowed) in [
-            (SamplingParams { top_k: 2, ..Default::default() }, vec![0, 1]),
-            (SamplingParams { top_p: 0.5, ..Default::default() }, vec![0]),
-            (SamplingParams { min_p: 0.5, ..Default::default() }, vec![0, 1]),
+            (
+                SamplingParams {
+                    top_k: 2,
+                    ..Default::default()
+                },
+                vec![0, 1],
+            ),
+            (
+                SamplingParams {
+                    top_p: 0.5,
+                    ..Default::default()
+                },
+                vec![0],
+            ),
+            (
+                SamplingParams {
+                    min_p: 0.5,
+                    ..Default::default()
+                },
+                vec![0, 1],
+            ),
         ] {
             let mut s = sampler(SamplingParams { seed: Some(1), ..p });
             for _ in 0..200 {
@@ -345,8 +365,14 @@ mod tests {
             }
         }
         // Without filters every token is eventually drawn at high temperature.
-        let mut s = sampler(SamplingParams { temperature: 5.0, seed: Some(3), ..Default::default() });
-        let seen: HashSet<u32> = (0..2000).map(|_| s.sample(&logits).unwrap().token_id).collect();
+        let mut s = sampler(SamplingParams {
+            temperature: 5.0,
+            seed: Some(3),
+            ..Default::default()
+        });
+        let seen: HashSet<u32> = (0..2000)
+            .map(|_| s.sample(&logits).unwrap().token_id)
+            .collect();
         assert_eq!(seen.len(), 5);
     }
 
@@ -355,17 +381,26 @@ mod tests {
         let logits = [1.0, 0.9, 0.5];
         // Repetition penalty on prompt token 0: 1.0 / 2 = 0.5 < 0.9.
         let mut s = SequenceSampler::new(
-            SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() },
+            SamplingParams {
+                repetition_penalty: 2.0,
+                ..SamplingParams::greedy()
+            },
             &[0],
         )
         .unwrap();
         assert_eq!(s.sample(&logits).unwrap().token_id, 1);
         // Frequency penalty grows with each repetition.
-        let mut s = sampler(SamplingParams { frequency_penalty: 0.3, ..SamplingParams::greedy() });
+        let mut s = sampler(SamplingParams {
+            frequency_penalty: 0.3,
+            ..SamplingParams::greedy()
+        });
         assert_eq!(s.sample(&logits).unwrap().token_id, 0); // 1.0
         assert_eq!(s.sample(&logits).unwrap().token_id, 1); // 0.7 < 0.9
-        // Presence penalty applies once.
-        let mut s = sampler(SamplingParams { presence_penalty: 0.05, ..SamplingParams::greedy() });
+                                                            // Presence penalty applies once.
+        let mut s = sampler(SamplingParams {
+            presence_penalty: 0.05,
+            ..SamplingParams::greedy()
+        });
         assert_eq!(s.sample(&logits).unwrap().token_id, 0);
         assert_eq!(s.sample(&logits).unwrap().token_id, 0); // 0.95 > 0.9
     }
@@ -383,9 +418,26 @@ mod tests {
         assert_eq!(s.finish_reason(2, &[]), Some(FinishReason::Stop));
         s.sample(&[1.0, 0.0, 0.0]).unwrap();
         assert_eq!(s.finish_reason(0, &[1]), Some(FinishReason::Length));
-        let ign = sampler(SamplingParams { ignore_eos: true, ..SamplingParams::greedy() });
+        let ign = sampler(SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        });
         assert_eq!(ign.finish_reason(1, &[1]), None);
-        assert!(SequenceSampler::new(SamplingParams { top_p: 0.0, ..Default::default() }, &[]).is_err());
-        assert!(SequenceSampler::new(SamplingParams { temperature: -1.0, ..Default::default() }, &[]).is_err());
+        assert!(SequenceSampler::new(
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            &[]
+        )
+        .is_err());
+        assert!(SequenceSampler::new(
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            &[]
+        )
+        .is_err());
     }
 }

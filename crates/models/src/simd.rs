@@ -206,7 +206,11 @@ mod tests {
             let mut out = vec![0.0; rows];
             dot_rows(&xs, &b, &mut out);
             for r in 0..rows {
-                let want: f32 = xs[r * n..(r + 1) * n].iter().zip(&b).map(|(x, y)| x * y).sum();
+                let want: f32 = xs[r * n..(r + 1) * n]
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| x * y)
+                    .sum();
                 assert!((out[r] - want).abs() < 1e-4, "dot_rows n={n} r={r}");
             }
         }

@@ -43,10 +43,10 @@ impl ModelCard {
             reason: "a model card needs a `config` object".into(),
         })?;
         let config = Qwen3Config::from_value(config, path)?;
-        let tokenizer_dir = match value.get("tokenizer").and_then(|t| t.as_str()) {
-            Some(rel) => Some(path.parent().unwrap_or(Path::new(".")).join(rel)),
-            None => None,
-        };
+        let tokenizer_dir = value
+            .get("tokenizer")
+            .and_then(|t| t.as_str())
+            .map(|rel| path.parent().unwrap_or(Path::new(".")).join(rel));
         Ok(ModelCard {
             config,
             tokenizer_dir,
@@ -86,7 +86,11 @@ pub fn tensor_specs(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>, bool)> {
     }
     v.push(("model.norm.weight".to_owned(), vec![hid], true));
     if !cfg.tie_word_embeddings {
-        v.push(("lm_head.weight".to_owned(), vec![cfg.vocab_size, hid], false));
+        v.push((
+            "lm_head.weight".to_owned(),
+            vec![cfg.vocab_size, hid],
+            false,
+        ));
     }
     v
 }
@@ -123,7 +127,10 @@ pub fn write_random_model(
 ) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
     let specs = tensor_specs(cfg);
-    let params: usize = specs.iter().map(|(_, s, _)| s.iter().product::<usize>()).sum();
+    let params: usize = specs
+        .iter()
+        .map(|(_, s, _)| s.iter().product::<usize>())
+        .sum();
     tracing::info!(
         params,
         dtype = cfg.torch_dtype.as_hf_str(),
@@ -133,7 +140,13 @@ pub fn write_random_model(
         .par_iter()
         .enumerate()
         .map(|(i, (_, shape, norm))| {
-            random_bytes(shape.iter().product(), *norm, seed, i as u64, cfg.torch_dtype)
+            random_bytes(
+                shape.iter().product(),
+                *norm,
+                seed,
+                i as u64,
+                cfg.torch_dtype,
+            )
         })
         .collect();
     let dtype = match cfg.torch_dtype {
@@ -143,12 +156,11 @@ pub fn write_random_model(
     };
     let mut views = Vec::with_capacity(specs.len());
     for ((name, shape, _), bytes) in specs.iter().zip(&data) {
-        let view = TensorView::new(dtype, shape.clone(), bytes).map_err(|e| {
-            ModelError::Weights {
+        let view =
+            TensorView::new(dtype, shape.clone(), bytes).map_err(|e| ModelError::Weights {
                 path: out.to_path_buf(),
                 reason: format!("{name}: {e}"),
-            }
-        })?;
+            })?;
         views.push((name.clone(), view));
     }
     let weights = out.join("model.safetensors");
@@ -160,12 +172,11 @@ pub fn write_random_model(
         }
     })?;
     let config_path = out.join("config.json");
-    let json = serde_json::to_string_pretty(&cfg.to_hf_json()).map_err(|source| {
-        ModelError::Json {
+    let json =
+        serde_json::to_string_pretty(&cfg.to_hf_json()).map_err(|source| ModelError::Json {
             path: config_path.clone(),
             source,
-        }
-    })?;
+        })?;
     std::fs::write(&config_path, json + "\n").map_err(|e| ModelError::io(&config_path, e))?;
     if let Some(dir) = tokenizer_dir {
         for f in ["tokenizer.json", "tokenizer_config.json"] {

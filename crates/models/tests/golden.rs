@@ -19,12 +19,26 @@ fn prefill_logits_match_transformers() {
             let mut cache = model.new_cache(64, 16).unwrap();
             let mut pool = BlockPool::new(64, ci as u64);
             let mut seq = Seq::new(&case.input_ids);
-            let lf = if case.all_positions { LogitsFor::All } else { LogitsFor::Last };
-            let got = step(&model, &mut cache, &mut pool, &mut [&mut seq], &[(case.input_ids.len(), lf)]);
+            let lf = if case.all_positions {
+                LogitsFor::All
+            } else {
+                LogitsFor::Last
+            };
+            let got = step(
+                &model,
+                &mut cache,
+                &mut pool,
+                &mut [&mut seq],
+                &[(case.input_ids.len(), lf)],
+            );
             assert_eq!(got.len(), case.prefill_logits.len());
             for (pos, (g, w)) in got.iter().zip(&case.prefill_logits).enumerate() {
                 let e = rel_err(g, w);
-                assert!(e < TOL, "{name} prompt {} pos {pos}: rel err {e}", case.input_ids.len());
+                assert!(
+                    e < TOL,
+                    "{name} prompt {} pos {pos}: rel err {e}",
+                    case.input_ids.len()
+                );
             }
         }
     }
@@ -42,7 +56,13 @@ fn greedy_decode_matches_transformers() {
             let mut seq = Seq::new(&case.input_ids);
             let mut n = case.input_ids.len();
             for (si, want) in case.greedy.iter().enumerate() {
-                let got = step(&model, &mut cache, &mut pool, &mut [&mut seq], &[(n, LogitsFor::Last)]);
+                let got = step(
+                    &model,
+                    &mut cache,
+                    &mut pool,
+                    &mut [&mut seq],
+                    &[(n, LogitsFor::Last)],
+                );
                 let row = &got[0];
                 let tok = argmax(row);
                 let ctx = format!("{name} prompt {} step {si}", case.input_ids.len());
@@ -50,7 +70,11 @@ fn greedy_decode_matches_transformers() {
                 let e = rel_err(row, &want.logits);
                 assert!(e < TOL, "{ctx}: logits rel err {e}");
                 let lp = log_softmax(row)[tok as usize];
-                assert!((lp - want.logprob).abs() < 1e-4, "{ctx}: logprob {lp} vs {}", want.logprob);
+                assert!(
+                    (lp - want.logprob).abs() < 1e-4,
+                    "{ctx}: logprob {lp} vs {}",
+                    want.logprob
+                );
                 seq.tokens.push(tok);
                 n = 1;
             }
@@ -74,14 +98,24 @@ fn chunked_prefill_equals_whole_prefill() {
             let mut last = Vec::new();
             while seq.num_cached < 100 {
                 let n = chunk.min(100 - seq.num_cached);
-                let lf = if seq.num_cached + n == 100 { LogitsFor::Last } else { LogitsFor::None };
+                let lf = if seq.num_cached + n == 100 {
+                    LogitsFor::Last
+                } else {
+                    LogitsFor::None
+                };
                 last = step(&model, &mut cache, &mut pool, &mut [&mut seq], &[(n, lf)]);
             }
             let e = rel_err(&last[0], &case.prefill_logits[0]);
             assert!(e < TOL, "{name} chunk {chunk} block {bs}: rel err {e}");
             // And the next decode step still matches transformers.
             seq.tokens.push(case.greedy[0].token);
-            let got = step(&model, &mut cache, &mut pool, &mut [&mut seq], &[(1, LogitsFor::Last)]);
+            let got = step(
+                &model,
+                &mut cache,
+                &mut pool,
+                &mut [&mut seq],
+                &[(1, LogitsFor::Last)],
+            );
             assert_eq!(argmax(&got[0]), case.greedy[1].token);
             assert!(rel_err(&got[0], &case.greedy[1].logits) < TOL);
         }
@@ -113,7 +147,11 @@ fn mixed_batch_equals_each_sequence_alone() {
                 }
                 let pending = s.tokens.len() - s.num_cached;
                 let n = pending.min(chunk[i]);
-                let lf = if n == pending { LogitsFor::Last } else { LogitsFor::None };
+                let lf = if n == pending {
+                    LogitsFor::Last
+                } else {
+                    LogitsFor::None
+                };
                 active.push(i);
                 chunks.push((n, lf));
             }
@@ -156,14 +194,23 @@ fn batch_rows_equal_solo_rows() {
     let mut cache = model.new_cache(128, 16).unwrap();
     let mut pool = BlockPool::new(128, 5);
     let mut seqs: Vec<Seq> = cases.iter().map(|c| Seq::new(&c.input_ids)).collect();
-    let chunks: Vec<_> = seqs.iter().map(|s| (s.tokens.len(), LogitsFor::Last)).collect();
+    let chunks: Vec<_> = seqs
+        .iter()
+        .map(|s| (s.tokens.len(), LogitsFor::Last))
+        .collect();
     let mut refs: Vec<&mut Seq> = seqs.iter_mut().collect();
     let batched = step(&model, &mut cache, &mut pool, &mut refs, &chunks);
     for (i, c) in cases.iter().enumerate() {
         let mut cache = model.new_cache(16, 16).unwrap();
         let mut pool = BlockPool::new(16, 1);
         let mut s = Seq::new(&c.input_ids);
-        let solo = step(&model, &mut cache, &mut pool, &mut [&mut s], &[(c.input_ids.len(), LogitsFor::Last)]);
+        let solo = step(
+            &model,
+            &mut cache,
+            &mut pool,
+            &mut [&mut s],
+            &[(c.input_ids.len(), LogitsFor::Last)],
+        );
         assert!(rel_err(&batched[i], &solo[0]) < 1e-5, "seq {i}");
     }
 }

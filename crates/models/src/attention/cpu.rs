@@ -171,7 +171,15 @@ mod tests {
     use crate::batch::{BatchBuilder, LogitsFor};
 
     /// Dense reference: softmax(q k^T * scale) v over contiguous K/V.
-    fn reference(q: &[f32], k: &[f32], v: &[f32], ctx: usize, qlen: usize, sh: AttentionShape, scale: f32) -> Vec<f32> {
+    fn reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        ctx: usize,
+        qlen: usize,
+        sh: AttentionShape,
+        scale: f32,
+    ) -> Vec<f32> {
         let (h, kvh, d) = (sh.num_heads, sh.num_kv_heads, sh.head_dim);
         let g = h / kvh;
         let mut out = vec![0f32; qlen * h * d];
@@ -181,7 +189,13 @@ mod tests {
                 let kh = head / g;
                 let qv = &q[(i * h + head) * d..][..d];
                 let sc: Vec<f32> = (0..=qidx)
-                    .map(|j| qv.iter().zip(&k[(j * kvh + kh) * d..][..d]).map(|(a, b)| a * b).sum::<f32>() * scale)
+                    .map(|j| {
+                        qv.iter()
+                            .zip(&k[(j * kvh + kh) * d..][..d])
+                            .map(|(a, b)| a * b)
+                            .sum::<f32>()
+                            * scale
+                    })
                     .collect();
                 let mx = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = sc.iter().map(|s| (s - mx).exp()).collect();
@@ -198,11 +212,27 @@ mod tests {
 
     #[test]
     fn matches_dense_attention_over_shuffled_blocks() {
-        for (bs, ctx, qlen, h, kvh) in [(4usize, 9usize, 9usize, 4usize, 2usize), (16, 37, 5, 4, 1), (3, 20, 1, 2, 2), (16, 16, 16, 8, 2)] {
+        for (bs, ctx, qlen, h, kvh) in [
+            (4usize, 9usize, 9usize, 4usize, 2usize),
+            (16, 37, 5, 4, 1),
+            (3, 20, 1, 2, 2),
+            (16, 16, 16, 8, 2),
+        ] {
             let d = 8;
-            let sh = AttentionShape { num_heads: h, num_kv_heads: kvh, head_dim: d, block_size: bs };
+            let sh = AttentionShape {
+                num_heads: h,
+                num_kv_heads: kvh,
+                head_dim: d,
+                block_size: bs,
+            };
             let nblk = ctx.div_ceil(bs);
-            let cfg = KvCacheConfig { num_layers: 1, num_blocks: nblk * 3 + 1, block_size: bs, num_kv_heads: kvh, head_dim: d };
+            let cfg = KvCacheConfig {
+                num_layers: 1,
+                num_blocks: nblk * 3 + 1,
+                block_size: bs,
+                num_kv_heads: kvh,
+                head_dim: d,
+            };
             let mut cache = PagedKvCache::new(cfg).unwrap();
             // Non-contiguous, descending block ids.
             let table: Vec<u32> = (0..nblk).map(|i| (nblk * 3 - i * 3) as u32).collect();
@@ -223,7 +253,10 @@ mod tests {
             paged_attention(&q, cache.layer(0), &batch, sh, 0.3, &mut out);
             let want = reference(&q, &k, &v, ctx, qlen, sh, 0.3);
             for (a, b) in out.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-5, "bs={bs} ctx={ctx} qlen={qlen}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() < 1e-5,
+                    "bs={bs} ctx={ctx} qlen={qlen}: {a} vs {b}"
+                );
             }
         }
     }

@@ -81,7 +81,11 @@ pub fn load(name: &str) -> Qwen3Model {
 /// max |a - b| / max |b|.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let num = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let num = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     let den = b.iter().map(|y| y.abs()).fold(0f32, f32::max);
     num / den.max(1e-12)
 }
