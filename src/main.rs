@@ -22,6 +22,12 @@ struct Cli {
 enum Command {
     /// Discrete-event simulation of the scheduler and KV allocator under agent load.
     Simulate(cmd::simulate::SimulateArgs),
+    /// Write a random-weight Hugging Face model directory from a model card.
+    MakeModel(cmd::make_model::MakeModelArgs),
+    /// Generate from a prompt offline (no server) through the paged runtime.
+    Generate(cmd::generate::GenerateArgs),
+    /// Measure prefill/decode throughput against stock candle-transformers.
+    BenchModel(cmd::bench_model::BenchModelArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,5 +41,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Simulate(args) => cmd::simulate::run(args),
+        Command::MakeModel(a) => cmd::make_model::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::BenchModel(a) => cmd::bench_model::run(a),
     }
 }

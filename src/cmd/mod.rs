@@ -1,4 +1,7 @@
 //! One module per subcommand.
 
+pub mod bench_model;
+pub mod generate;
+pub mod make_model;
 pub mod scheduler_args;
 pub mod simulate;

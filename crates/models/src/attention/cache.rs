@@ -1,0 +1,162 @@
+//! The paged KV cache, owned by the caller (the engine), never by the model.
+//!
+//! Storage is one plain `Vec<f32>` per layer for K and one for V, shaped
+//! `[num_blocks, num_kv_heads, block_size, head_dim]`. Why plain vectors and not
+//! candle tensors: candle tensors are immutable values, so writing one token's
+//! K/V in place would mean rebuilding (copying) the cache or unsafe aliasing;
+//! the CPU attention kernel wants raw slices anyway. Why head-major inside a
+//! block: the kernel works on one (sequence, KV head) at a time, so each block
+//! it visits is one contiguous `block_size * head_dim` run of keys and of
+//! values, read straight through. f32 because the CPU runtime computes in f32
+//! (bf16 is slower on these CPUs; ENVIRONMENT.md).
+//!
+//! Block ids come from the caller's allocator (`agentd-kv`); this type only
+//! knows how many blocks there are. `vec![0.0; n]` maps zero pages lazily, so
+//! an oversized pool costs address space, not memory, until blocks are used.
+
+use crate::config::Qwen3Config;
+use crate::error::{ModelError, Result};
+
+/// Geometry of a [`PagedKvCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheConfig {
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvCacheConfig {
+    /// The cache geometry a model needs, with the given pool size.
+    pub fn for_model(cfg: &Qwen3Config, num_blocks: usize, block_size: usize) -> Self {
+        KvCacheConfig {
+            num_layers: cfg.num_hidden_layers,
+            num_blocks,
+            block_size,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+        }
+    }
+
+    /// Floats of K (or of V) in one layer.
+    fn layer_len(&self) -> usize {
+        self.num_blocks * self.num_kv_heads * self.block_size * self.head_dim
+    }
+
+    /// Bytes of one block across all layers, K and V.
+    pub fn bytes_per_block(&self) -> usize {
+        2 * self.num_layers
+            * self.num_kv_heads
+            * self.block_size
+            * self.head_dim
+            * std::mem::size_of::<f32>()
+    }
+}
+
+/// K and V of one layer.
+#[derive(Debug, Clone)]
+pub struct LayerKv {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// A paged KV cache: per layer, K and V blocks addressed by block id.
+#[derive(Debug, Clone)]
+pub struct PagedKvCache {
+    cfg: KvCacheConfig,
+    layers: Vec<LayerKv>,
+}
+
+impl PagedKvCache {
+    pub fn new(cfg: KvCacheConfig) -> Result<Self> {
+        if cfg.block_size == 0 || cfg.num_blocks == 0 || cfg.head_dim == 0 {
+            return Err(ModelError::CacheMismatch(format!(
+                "block_size, num_blocks and head_dim must be positive: {cfg:?}"
+            )));
+        }
+        let n = cfg.layer_len();
+        let layers = (0..cfg.num_layers)
+            .map(|_| LayerKv {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            })
+            .collect();
+        Ok(PagedKvCache { cfg, layers })
+    }
+
+    pub fn config(&self) -> &KvCacheConfig {
+        &self.cfg
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.cfg.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.cfg.num_blocks
+    }
+
+    pub fn layer(&self, layer: usize) -> &LayerKv {
+        &self.layers[layer]
+    }
+
+    /// Checks that this cache was made for `model`'s geometry.
+    pub fn check_model(&self, model: &Qwen3Config) -> Result<()> {
+        let c = &self.cfg;
+        if c.num_layers != model.num_hidden_layers
+            || c.num_kv_heads != model.num_key_value_heads
+            || c.head_dim != model.head_dim
+        {
+            return Err(ModelError::CacheMismatch(format!(
+                "cache has {} layers x {} KV heads x head_dim {}, model needs {} x {} x {}",
+                c.num_layers,
+                c.num_kv_heads,
+                c.head_dim,
+                model.num_hidden_layers,
+                model.num_key_value_heads,
+                model.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the K and V of new tokens (`[T, num_kv_heads * head_dim]` each)
+    /// into their slots (`block_id * block_size + offset`). Slots must be in
+    /// range (the batch is validated before the forward pass).
+    pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
+        let c = self.cfg;
+        let row = c.num_kv_heads * c.head_dim;
+        let lkv = &mut self.layers[layer];
+        for (t, &slot) in slots.iter().enumerate() {
+            let (block, off) = (slot / c.block_size, slot % c.block_size);
+            for h in 0..c.num_kv_heads {
+                let dst = ((block * c.num_kv_heads + h) * c.block_size + off) * c.head_dim;
+                let src = t * row + h * c.head_dim;
+                lkv.k[dst..dst + c.head_dim].copy_from_slice(&k[src..src + c.head_dim]);
+                lkv.v[dst..dst + c.head_dim].copy_from_slice(&v[src..src + c.head_dim]);
+            }
+        }
+    }
+
+    /// Copies block `src` onto block `dst` in every layer (copy-on-write of a
+    /// shared tail block by the allocator).
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+        let c = self.cfg;
+        let n = c.num_kv_heads * c.block_size * c.head_dim;
+        for b in [src, dst] {
+            if b as usize >= c.num_blocks {
+                return Err(ModelError::CacheMismatch(format!(
+                    "block id {b} >= cache size {}",
+                    c.num_blocks
+                )));
+            }
+        }
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for l in &mut self.layers {
+            l.k.copy_within(s..s + n, d);
+            l.v.copy_within(s..s + n, d);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! Dense building blocks of the decoder: a linear layer whose small-batch path
+//! uses every core, and RMSNorm + RoPE applied per head on plain buffers.
+
+use std::sync::OnceLock;
+
+use candle_core::{Device, Storage, Tensor};
+use rayon::prelude::*;
+
+use crate::config::{Qwen3Config, RopeScaling};
+use crate::error::{ModelError, Result};
+use crate::simd;
+
+/// Up to this many activation rows a linear layer runs as a threaded
+/// matrix-vector product over weight rows; above it, candle's gemm.
+///
+/// Why: decode steps multiply a handful of rows by large weights. That is
+/// memory-bound, and candle's gemm runs it on one core (the 151,936-row output
+/// projection alone took 63 ms per token; ENVIRONMENT.md). Streaming weight
+/// rows across all cores, each row dotted with every activation row while it
+/// is in cache, reads the weights once at full bandwidth. With many rows the
+/// problem becomes compute-bound and gemm's blocked kernels win.
+/// `AGENTD_GEMV_MAX_ROWS` overrides the default (for benchmarking).
+fn gemv_max_rows() -> usize {
+    static V: OnceLock<usize> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("AGENTD_GEMV_MAX_ROWS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(8)
+    })
+}
+
+/// Weight rows per rayon task in the matrix-vector path.
+const ROWS_PER_TASK: usize = 32;
+
+/// `y = x W^T (+ b)` with W `[out, in]` as stored by Hugging Face.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    in_dim: usize,
+    out_dim: usize,
+}
+
+impl Linear {
+    /// `weight` must be a contiguous f32 `[out, in]` tensor (as the loader gives).
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        let (out_dim, in_dim) = weight.dims2()?;
+        Ok(Linear {
+            weight: weight.contiguous()?,
+            bias,
+            in_dim,
+            out_dim,
+        })
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    /// `x`: `[T, in]` f32 → `[T, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (t, k) = x.dims2()?;
+        if k != self.in_dim {
+            return Err(ModelError::Batch(format!(
+                "linear layer expects {} inputs, got {k}",
+                self.in_dim
+            )));
+        }
+        let y = if t <= gemv_max_rows() {
+            self.forward_gemv(x, t)?
+        } else {
+            x.matmul(&self.weight.t()?)?
+        };
+        match &self.bias {
+            Some(b) => Ok(y.broadcast_add(b)?),
+            None => Ok(y),
+        }
+    }
+
+    fn forward_gemv(&self, x: &Tensor, t: usize) -> Result<Tensor> {
+        let (k, n) = (self.in_dim, self.out_dim);
+        let xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
+        let (storage, layout) = self.weight.storage_and_layout();
+        let w = match &*storage {
+            Storage::Cpu(cpu) => &cpu.as_slice::<f32>()?[layout.start_offset()..],
+            _ => {
+                return Err(ModelError::Batch(
+                    "the CPU linear layer needs CPU weights".into(),
+                ))
+            }
+        };
+        // Output computed transposed, `[out, T]`, so each task owns one
+        // contiguous run of it.
+        let mut out_t = vec![0f32; n * t];
+        out_t
+            .par_chunks_mut(ROWS_PER_TASK * t)
+            .enumerate()
+            .for_each(|(ci, chunk)| {
+                for (ri, o) in chunk.chunks_mut(t).enumerate() {
+                    let r = ci * ROWS_PER_TASK + ri;
+                    simd::dot_rows(&xs, &w[r * k..(r + 1) * k], o);
+                }
+            });
+        let out = if t == 1 {
+            out_t
+        } else {
+            let mut out = vec![0f32; n * t];
+            for (r, row) in out_t.chunks(t).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    out[j * n + r] = v;
+                }
+            }
+            out
+        };
+        Ok(Tensor::from_vec(out, (t, n), x.device())?)
+    }
+}
+
+/// RoPE angles of one batch's positions, shared by all layers of a step.
+pub struct RopeBatch {
+    /// `[T, head_dim / 2]` cosines and sines.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+}
+
+/// Inverse frequencies of a config (as transformers computes them, in f32).
+pub fn inv_freq(cfg: &Qwen3Config) -> Vec<f32> {
+    let d = cfg.head_dim;
+    let factor = match cfg.rope_scaling {
+        RopeScaling::None => 1.0,
+        RopeScaling::Linear { factor } => factor as f32,
+    };
+    (0..d / 2)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / d as f32;
+            1.0 / (cfg.rope_theta as f32).powf(exponent) / factor
+        })
+        .collect()
+}
+
+impl RopeBatch {
+    pub fn new(inv_freq: &[f32], positions: &[u32]) -> Self {
+        let half = inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for &f in inv_freq {
+                // The angle rounds to f32 like transformers' `freqs`; cos/sin
+                // are then taken in f64 to keep their own error negligible.
+                let a = (p as f32 * f) as f64;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        RopeBatch { cos, sin, half }
+    }
+}
+
+/// Applies, to each head of each token of `buf` (`[T, heads, head_dim]`),
+/// RMSNorm with `weight` (Qwen3's q_norm / k_norm) then neox-style RoPE
+/// (rotating the first half of the head against the second).
+pub fn head_norm_rope(
+    buf: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    weight: &[f32],
+    eps: f32,
+    rope: &RopeBatch,
+) {
+    let half = rope.half;
+    buf.par_chunks_mut(heads * head_dim)
+        .enumerate()
+        .for_each(|(t, tok)| {
+            let cos = &rope.cos[t * half..(t + 1) * half];
+            let sin = &rope.sin[t * half..(t + 1) * half];
+            for x in tok.chunks_mut(head_dim) {
+                let ms = simd::dot(x, x) / head_dim as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                for (v, w) in x.iter_mut().zip(weight) {
+                    *v = *v * inv * w;
+                }
+                let (a, b) = x.split_at_mut(half);
+                for i in 0..half {
+                    let (x1, x2) = (a[i], b[i]);
+                    a[i] = x1 * cos[i] - x2 * sin[i];
+                    b[i] = x2 * cos[i] + x1 * sin[i];
+                }
+            }
+        });
+}
+
+/// The f32 contents of a (small) tensor.
+pub fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1()?)
+}
+
+/// The device all tensors of the CPU runtime live on.
+pub fn cpu() -> Device {
+    Device::Cpu
+}

@@ -1,0 +1,216 @@
+//! The runtime against Hugging Face transformers on the same random weights
+//! (fixtures from scripts/make_golden.py): prefill logits, incremental decode
+//! across block boundaries, chunked prefill, mixed batches; GQA ratios 4, 2, 1;
+//! tied and untied output heads.
+
+mod common;
+
+use agentd_models::sampling::log_softmax;
+use agentd_models::LogitsFor;
+use common::*;
+
+const TOL: f32 = 1e-4;
+
+#[test]
+fn prefill_logits_match_transformers() {
+    for name in MODELS {
+        let model = load(name);
+        for (ci, case) in golden(name).iter().enumerate() {
+            let mut cache = model.new_cache(64, 16).unwrap();
+            let mut pool = BlockPool::new(64, ci as u64);
+            let mut seq = Seq::new(&case.input_ids);
+            let lf = if case.all_positions {
+                LogitsFor::All
+            } else {
+                LogitsFor::Last
+            };
+            let got = step(
+                &model,
+                &mut cache,
+                &mut pool,
+                &mut [&mut seq],
+                &[(case.input_ids.len(), lf)],
+            );
+            assert_eq!(got.len(), case.prefill_logits.len());
+            for (pos, (g, w)) in got.iter().zip(&case.prefill_logits).enumerate() {
+                let e = rel_err(g, w);
+                assert!(
+                    e < TOL,
+                    "{name} prompt {} pos {pos}: rel err {e}",
+                    case.input_ids.len()
+                );
+            }
+        }
+    }
+}
+
+/// Prefill then decode one token at a time (block size 16: prompts 1, 15, 16,
+/// 17, 100 put the decode steps on both sides of block boundaries).
+#[test]
+fn greedy_decode_matches_transformers() {
+    for name in MODELS {
+        let model = load(name);
+        for (ci, case) in golden(name).iter().enumerate() {
+            let mut cache = model.new_cache(64, 16).unwrap();
+            let mut pool = BlockPool::new(64, 10 + ci as u64);
+            let mut seq = Seq::new(&case.input_ids);
+            let mut n = case.input_ids.len();
+            for (si, want) in case.greedy.iter().enumerate() {
+                let got = step(
+                    &model,
+                    &mut cache,
+                    &mut pool,
+                    &mut [&mut seq],
+                    &[(n, LogitsFor::Last)],
+                );
+                let row = &got[0];
+                let tok = argmax(row);
+                let ctx = format!("{name} prompt {} step {si}", case.input_ids.len());
+                assert_eq!(tok, want.token, "{ctx}: greedy token");
+                let e = rel_err(row, &want.logits);
+                assert!(e < TOL, "{ctx}: logits rel err {e}");
+                let lp = log_softmax(row)[tok as usize];
+                assert!(
+                    (lp - want.logprob).abs() < 1e-4,
+                    "{ctx}: logprob {lp} vs {}",
+                    want.logprob
+                );
+                seq.tokens.push(tok);
+                n = 1;
+            }
+        }
+    }
+}
+
+/// Prefill in chunks (of several sizes, including ones that straddle blocks)
+/// gives the same logits as transformers' whole-prompt prefill.
+#[test]
+fn chunked_prefill_equals_whole_prefill() {
+    for name in MODELS {
+        let model = load(name);
+        let cases = golden(name);
+        let case = cases.iter().find(|c| c.input_ids.len() == 100).unwrap();
+        for (chunk, bs) in [(7usize, 16usize), (16, 16), (33, 16), (10, 4), (99, 1)] {
+            let blocks = 200 / bs + 8;
+            let mut cache = model.new_cache(blocks, bs).unwrap();
+            let mut pool = BlockPool::new(blocks, chunk as u64);
+            let mut seq = Seq::new(&case.input_ids);
+            let mut last = Vec::new();
+            while seq.num_cached < 100 {
+                let n = chunk.min(100 - seq.num_cached);
+                let lf = if seq.num_cached + n == 100 {
+                    LogitsFor::Last
+                } else {
+                    LogitsFor::None
+                };
+                last = step(&model, &mut cache, &mut pool, &mut [&mut seq], &[(n, lf)]);
+            }
+            let e = rel_err(&last[0], &case.prefill_logits[0]);
+            assert!(e < TOL, "{name} chunk {chunk} block {bs}: rel err {e}");
+            // And the next decode step still matches transformers.
+            seq.tokens.push(case.greedy[0].token);
+            let got = step(
+                &model,
+                &mut cache,
+                &mut pool,
+                &mut [&mut seq],
+                &[(1, LogitsFor::Last)],
+            );
+            assert_eq!(argmax(&got[0]), case.greedy[1].token);
+            assert!(rel_err(&got[0], &case.greedy[1].logits) < TOL);
+        }
+    }
+}
+
+/// All five prompts of a model run together in one cache: prefill chunks and
+/// decode tokens of different sequences share steps. Each sequence must follow
+/// transformers' greedy path exactly as when run alone.
+#[test]
+fn mixed_batch_equals_each_sequence_alone() {
+    for name in MODELS {
+        let model = load(name);
+        let cases = golden(name);
+        let mut cache = model.new_cache(128, 16).unwrap();
+        let mut pool = BlockPool::new(128, 99);
+        let mut seqs: Vec<Seq> = cases.iter().map(|c| Seq::new(&c.input_ids)).collect();
+        // Prefill chunk size per sequence: staggered so that some decode
+        // while others are still prefilling.
+        let chunk = [1usize, 6, 16, 5, 24];
+        let mut next_step = vec![0usize; seqs.len()];
+        let mut alone_done = vec![false; seqs.len()];
+        loop {
+            let mut active = Vec::new();
+            let mut chunks = Vec::new();
+            for (i, s) in seqs.iter().enumerate() {
+                if next_step[i] >= cases[i].greedy.len() {
+                    continue;
+                }
+                let pending = s.tokens.len() - s.num_cached;
+                let n = pending.min(chunk[i]);
+                let lf = if n == pending {
+                    LogitsFor::Last
+                } else {
+                    LogitsFor::None
+                };
+                active.push(i);
+                chunks.push((n, lf));
+            }
+            if active.is_empty() {
+                break;
+            }
+            let mut refs: Vec<&mut Seq> = seqs
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| active.contains(i))
+                .map(|(_, s)| s)
+                .collect();
+            let rows = step(&model, &mut cache, &mut pool, &mut refs, &chunks);
+            let mut r = rows.into_iter();
+            for (&i, &(_, lf)) in active.iter().zip(&chunks) {
+                if lf != LogitsFor::Last {
+                    continue;
+                }
+                let row = r.next().unwrap();
+                let want = &cases[i].greedy[next_step[i]];
+                let tok = argmax(&row);
+                assert_eq!(tok, want.token, "{name} seq {i} step {}", next_step[i]);
+                let e = rel_err(&row, &want.logits);
+                assert!(e < TOL, "{name} seq {i} step {}: rel err {e}", next_step[i]);
+                seqs[i].tokens.push(tok);
+                next_step[i] += 1;
+                alone_done[i] = true;
+            }
+        }
+        assert!(alone_done.iter().all(|d| *d));
+    }
+}
+
+/// Batched and solo runs of the same sequences agree to float rounding.
+#[test]
+fn batch_rows_equal_solo_rows() {
+    let name = "gqa2-untied";
+    let model = load(name);
+    let cases = golden(name);
+    let mut cache = model.new_cache(128, 16).unwrap();
+    let mut pool = BlockPool::new(128, 5);
+    let mut seqs: Vec<Seq> = cases.iter().map(|c| Seq::new(&c.input_ids)).collect();
+    let chunks: Vec<_> = seqs
+        .iter()
+        .map(|s| (s.tokens.len(), LogitsFor::Last))
+        .collect();
+    let mut refs: Vec<&mut Seq> = seqs.iter_mut().collect();
+    let batched = step(&model, &mut cache, &mut pool, &mut refs, &chunks);
+    for (i, c) in cases.iter().enumerate() {
+        let mut cache = model.new_cache(16, 16).unwrap();
+        let mut pool = BlockPool::new(16, 1);
+        let mut s = Seq::new(&c.input_ids);
+        let solo = step(
+            &model,
+            &mut cache,
+            &mut pool,
+            &mut [&mut s],
+            &[(c.input_ids.len(), LogitsFor::Last)],
+        );
+        assert!(rel_err(&batched[i], &solo[0]) < 1e-5, "seq {i}");
+    }
+}

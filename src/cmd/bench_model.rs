@@ -1,0 +1,234 @@
+//! `agentd bench-model`: prefill and decode throughput of the runtime at
+//! several batch sizes, against candle-transformers' stock Qwen3 on the same
+//! weights in the same run (equal-length batches, since the stock model
+//! cannot batch sequences of different lengths).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use agentd_models::loader::checkpoint_files;
+use agentd_models::sampling::argmax;
+use agentd_models::{BatchBuilder, LogitsFor, Qwen3Model};
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use candle_transformers::models::qwen3 as stock;
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+#[derive(Args, Debug)]
+pub struct BenchModelArgs {
+    /// Hugging Face model directory (e.g. from `make-model --config models/qwen3-0.6b.json`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub batch: Vec<usize>,
+    /// Prompt length of every sequence.
+    #[arg(long, default_value_t = 32)]
+    pub prompt_len: usize,
+    /// Timed decode steps per batch size.
+    #[arg(long, default_value_t = 8)]
+    pub decode_steps: usize,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Skip the stock candle baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Print the results as JSON too.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Default, Clone, Copy)]
+struct Figures {
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+}
+
+#[derive(Serialize)]
+struct Row {
+    batch: usize,
+    ours: Figures,
+    stock: Option<Figures>,
+}
+
+fn prompts(batch: usize, len: usize, vocab: usize) -> Vec<Vec<u32>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+    (0..batch)
+        .map(|_| (0..len).map(|_| rng.gen_range(0..vocab as u32)).collect())
+        .collect()
+}
+
+fn bench_ours(model: &Qwen3Model, a: &BenchModelArgs, batch: usize) -> Result<Figures> {
+    let vocab = model.config().vocab_size;
+    let mut seqs = prompts(batch, a.prompt_len, vocab);
+    let bs = a.block_size;
+    let per_seq = (a.prompt_len + a.decode_steps + 1).div_ceil(bs);
+    let mut cache = model.new_cache(per_seq * batch, bs)?;
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
+    let t = Instant::now();
+    let mut b = BatchBuilder::new(bs);
+    for (s, p) in seqs.iter().enumerate() {
+        b.push(p, 0, &tables[s], LogitsFor::Last);
+    }
+    let mut logits = model.forward(&b.build(), &mut cache)?.to_vec2::<f32>()?;
+    let prefill = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..a.decode_steps {
+        let mut b = BatchBuilder::new(bs);
+        for (s, seq) in seqs.iter_mut().enumerate() {
+            seq.push(argmax(&logits[s]) as u32);
+            b.push(
+                &seq[seq.len() - 1..],
+                seq.len() - 1,
+                &tables[s],
+                LogitsFor::Last,
+            );
+        }
+        logits = model.forward(&b.build(), &mut cache)?.to_vec2::<f32>()?;
+    }
+    let decode = t.elapsed().as_secs_f64();
+    Ok(Figures {
+        prefill_tok_s: (batch * a.prompt_len) as f64 / prefill,
+        decode_tok_s: (batch * a.decode_steps) as f64 / decode,
+    })
+}
+
+fn bench_stock(
+    model: &mut stock::ModelForCausalLM,
+    a: &BenchModelArgs,
+    batch: usize,
+    vocab: usize,
+) -> Result<Figures> {
+    model.clear_kv_cache();
+    let seqs = prompts(batch, a.prompt_len, vocab);
+    let flat: Vec<u32> = seqs.concat();
+    let input = Tensor::from_vec(flat, (batch, a.prompt_len), &Device::Cpu)?;
+    let t = Instant::now();
+    let mut logits = model.forward(&input, 0)?.squeeze(1)?.to_vec2::<f32>()?;
+    let prefill = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for step in 0..a.decode_steps {
+        let next: Vec<u32> = logits.iter().map(|r| argmax(r) as u32).collect();
+        let input = Tensor::from_vec(next, (batch, 1), &Device::Cpu)?;
+        logits = model
+            .forward(&input, a.prompt_len + step)?
+            .squeeze(1)?
+            .to_vec2::<f32>()?;
+    }
+    let decode = t.elapsed().as_secs_f64();
+    model.clear_kv_cache();
+    Ok(Figures {
+        prefill_tok_s: (batch * a.prompt_len) as f64 / prefill,
+        decode_tok_s: (batch * a.decode_steps) as f64 / decode,
+    })
+}
+
+fn load_stock(dir: &std::path::Path) -> Result<stock::ModelForCausalLM> {
+    let cfg_path = dir.join("config.json");
+    let cfg: stock::Config = serde_json::from_str(
+        &std::fs::read_to_string(&cfg_path).with_context(|| cfg_path.display().to_string())?,
+    )
+    .with_context(|| format!("{}: not a config the stock model reads", cfg_path.display()))?;
+    let files = checkpoint_files(dir)?;
+    // SAFETY: read-only mapping of files nobody modifies during the benchmark.
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(&files, DType::F32, &Device::Cpu)?
+    };
+    Ok(stock::ModelForCausalLM::new(&cfg, vb)?)
+}
+
+pub fn run(a: BenchModelArgs) -> Result<()> {
+    tracing::info!(model = %a.model.display(), "loading model");
+    let model = Qwen3Model::load(&a.model)?;
+    let vocab = model.config().vocab_size;
+    let mut baseline = if a.no_baseline {
+        None
+    } else {
+        tracing::info!("loading stock candle-transformers qwen3");
+        Some(load_stock(&a.model)?)
+    };
+    // Warm-up: first touches of weights and allocator pools.
+    let warm = BenchModelArgs {
+        decode_steps: 1,
+        prompt_len: 4,
+        ..clone_args(&a)
+    };
+    bench_ours(&model, &warm, 1)?;
+    if let Some(m) = baseline.as_mut() {
+        bench_stock(m, &warm, 1, vocab)?;
+    }
+    let mut rows = Vec::new();
+    for &batch in &a.batch {
+        let ours = bench_ours(&model, &a, batch)?;
+        tracing::info!(
+            batch,
+            prefill = ours.prefill_tok_s,
+            decode = ours.decode_tok_s,
+            "ours"
+        );
+        let stock = match baseline.as_mut() {
+            Some(m) => {
+                let f = bench_stock(m, &a, batch, vocab)?;
+                tracing::info!(
+                    batch,
+                    prefill = f.prefill_tok_s,
+                    decode = f.decode_tok_s,
+                    "stock"
+                );
+                Some(f)
+            }
+            None => None,
+        };
+        rows.push(Row { batch, ours, stock });
+    }
+    println!(
+        "prompt_len={} decode_steps={} block_size={} threads={}",
+        a.prompt_len,
+        a.decode_steps,
+        a.block_size,
+        rayon_threads()
+    );
+    println!(
+        "{:>5} | {:>12} {:>12} {:>6} | {:>12} {:>12} {:>6}",
+        "batch", "prefill ours", "stock", "ratio", "decode ours", "stock", "ratio"
+    );
+    for r in &rows {
+        let (sp, sd) = r
+            .stock
+            .map_or((f64::NAN, f64::NAN), |s| (s.prefill_tok_s, s.decode_tok_s));
+        println!(
+            "{:>5} | {:>12.1} {:>12.1} {:>5.2}x | {:>12.2} {:>12.2} {:>5.2}x",
+            r.batch,
+            r.ours.prefill_tok_s,
+            sp,
+            r.ours.prefill_tok_s / sp,
+            r.ours.decode_tok_s,
+            sd,
+            r.ours.decode_tok_s / sd
+        );
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&rows)?);
+    }
+    Ok(())
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn clone_args(a: &BenchModelArgs) -> BenchModelArgs {
+    BenchModelArgs {
+        model: a.model.clone(),
+        batch: a.batch.clone(),
+        prompt_len: a.prompt_len,
+        decode_steps: a.decode_steps,
+        block_size: a.block_size,
+        no_baseline: a.no_baseline,
+        json: a.json,
+    }
+}

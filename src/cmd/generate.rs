@@ -1,0 +1,240 @@
+//! `agentd generate`: offline generation through the runtime and a paged KV
+//! cache (block ids allocated trivially here; the engine uses agentd-kv).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use agentd_models::sampling::FinishReason;
+use agentd_models::{
+    BatchBuilder, IncrementalDecoder, LogitsFor, Qwen3Model, SamplingParams, SequenceSampler,
+    Tokenizer,
+};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Hugging Face model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt text (needs tokenizer.json in the model directory).
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 = disabled.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Extra stop token ids, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub stop_token_ids: Vec<u32>,
+    /// Report logprobs with this many top alternatives per token.
+    #[arg(long)]
+    pub top_logprobs: Option<usize>,
+    /// Keep generating past EOS.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Prefill at most this many prompt tokens per step (chunked prefill).
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct TokenLogprob {
+    token_id: u32,
+    logprob: f32,
+    top: Vec<(u32, f32)>,
+}
+
+#[derive(Serialize)]
+struct Output {
+    token_ids: Vec<u32>,
+    text: String,
+    finish_reason: &'static str,
+    prompt_tokens: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<Vec<TokenLogprob>>,
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    if args.block_size == 0 || args.prefill_chunk == 0 {
+        bail!("--block-size and --prefill-chunk must be positive");
+    }
+    let t0 = Instant::now();
+    tracing::info!(model = %args.model.display(), "loading model");
+    let model = Qwen3Model::load(&args.model)
+        .with_context(|| format!("loading model from {}", args.model.display()))?;
+    let cfg = model.config().clone();
+    tracing::info!(
+        layers = cfg.num_hidden_layers,
+        hidden = cfg.hidden_size,
+        vocab = cfg.vocab_size,
+        secs = t0.elapsed().as_secs_f32(),
+        "model loaded"
+    );
+    let tokenizer = match Tokenizer::from_dir(&args.model) {
+        Ok(t) => Some(t),
+        Err(e) if args.prompt.is_some() => return Err(e.into()),
+        Err(e) => {
+            tracing::warn!("no tokenizer, output text will be empty: {e}");
+            None
+        }
+    };
+    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids, &tokenizer) {
+        (Some(text), _, Some(tok)) => tok.encode(text, false)?,
+        (_, Some(ids), _) => ids.clone(),
+        _ => bail!("give --prompt or --prompt-ids"),
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        seed: args.seed,
+        repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        stop_token_ids: args.stop_token_ids.clone(),
+        ignore_eos: args.ignore_eos,
+        max_tokens: args.max_tokens,
+        logprobs: args.top_logprobs,
+    };
+    let mut sampler = SequenceSampler::new(params, &prompt)?;
+
+    // Enough blocks for the whole context; ids simply 0..n.
+    let bs = args.block_size;
+    let max_ctx =
+        (prompt.len() + args.max_tokens).min(cfg.max_position_embeddings.max(prompt.len()));
+    let num_blocks = max_ctx.div_ceil(bs).max(1);
+    let mut cache = model.new_cache(num_blocks, bs)?;
+    let table: Vec<u32> = (0..num_blocks as u32).collect();
+
+    let mut tokens = prompt.clone();
+    let mut cached = 0;
+    let mut out_ids = Vec::new();
+    let mut logprobs = Vec::new();
+    let mut decoder = IncrementalDecoder::new(true);
+    let mut text = String::new();
+    let mut stdout = std::io::stdout();
+    let mut finish = FinishReason::Length;
+    let t_prefill = Instant::now();
+    let mut t_decode = None;
+    while sampler.num_generated() < args.max_tokens {
+        let pending = tokens.len() - cached;
+        let n = pending.min(args.prefill_chunk);
+        let last = n == pending;
+        let mut b = BatchBuilder::new(bs);
+        let lf = if last {
+            LogitsFor::Last
+        } else {
+            LogitsFor::None
+        };
+        b.push(&tokens[cached..cached + n], cached, &table, lf);
+        let logits = model.forward(&b.build(), &mut cache)?;
+        cached += n;
+        if !last {
+            continue;
+        }
+        if t_decode.is_none() {
+            tracing::info!(
+                prompt_tokens = prompt.len(),
+                secs = t_prefill.elapsed().as_secs_f32(),
+                "prefill done"
+            );
+            t_decode = Some(Instant::now());
+        }
+        let row: Vec<f32> = logits.squeeze(0)?.to_vec1()?;
+        let s = sampler.sample(&row)?;
+        out_ids.push(s.token_id);
+        if let Some(lp) = s.logprob {
+            logprobs.push(TokenLogprob {
+                token_id: s.token_id,
+                logprob: lp,
+                top: s.top,
+            });
+        }
+        if let Some(tok) = &tokenizer {
+            if let Some(piece) = decoder.push(tok, s.token_id)? {
+                if !args.json {
+                    write!(stdout, "{piece}")?;
+                    stdout.flush()?;
+                }
+                text.push_str(&piece);
+            }
+        }
+        tokens.push(s.token_id);
+        if let Some(r) = sampler.finish_reason(s.token_id, &cfg.eos_token_ids) {
+            finish = r;
+            break;
+        }
+        if tokens.len() >= cfg.max_position_embeddings {
+            tracing::warn!("reached max_position_embeddings");
+            break;
+        }
+    }
+    if let Some(tok) = &tokenizer {
+        if let Some(piece) = decoder.flush(tok)? {
+            if !args.json {
+                write!(stdout, "{piece}")?;
+            }
+            text.push_str(&piece);
+        }
+    }
+    if let Some(t) = t_decode {
+        let secs = t.elapsed().as_secs_f32();
+        tracing::info!(
+            tokens = out_ids.len(),
+            secs,
+            tok_per_s = out_ids.len().saturating_sub(1) as f32 / secs.max(1e-9),
+            "decode done"
+        );
+    }
+    if args.json {
+        let out = Output {
+            token_ids: out_ids,
+            text,
+            finish_reason: match finish {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+            },
+            prompt_tokens: prompt.len(),
+            logprobs: args.top_logprobs.map(|_| logprobs),
+        };
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!();
+    }
+    Ok(())
+}
