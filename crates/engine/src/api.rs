@@ -1,0 +1,107 @@
+//! What the engine offers its callers (the HTTP server, tests, benchmarks):
+//! requests in, token events out. Nothing here knows about HTTP or blocks.
+
+use agentd_models::SamplingParams;
+
+/// One generation request of a program.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// The client's program id (body `program_id`, `extra_body.program_id` or
+    /// the `X-Session-ID` header). `None` makes the request a one-off program
+    /// of its own, released when it finishes.
+    pub program: Option<String>,
+    /// The full prompt: for a program's next turn, its whole conversation so
+    /// far (as OpenAI clients resend it); the engine reuses whatever KV of it
+    /// survives.
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Release the program once this request finishes (the `final` flag).
+    pub final_request: bool,
+}
+
+/// Why a request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or EOS.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The client went away or the program was released.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_openai(&self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "abort",
+        }
+    }
+}
+
+/// Token counts of one finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV was reused when the request first started.
+    pub cached_tokens: usize,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    pub token_id: u32,
+    /// Raw log-probability (when the request asked for logprobs).
+    pub logprob: Option<f32>,
+    /// Top alternatives `(token, logprob)`, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What a request's stream carries.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token(TokenEvent),
+    /// The last event of every request.
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
+}
+
+/// Why a request was refused at submission.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("the engine is overloaded: {waiting} requests waiting (limit {limit}); retry later")]
+    Overloaded { waiting: usize, limit: usize },
+    #[error("this model's maximum context length is {max} tokens; the request has {prompt} prompt tokens and asks for {max_tokens} more")]
+    ContextTooLong {
+        prompt: usize,
+        max_tokens: usize,
+        max: usize,
+    },
+    #[error("the request needs {needed} KV blocks but a replica holds only {capacity}")]
+    TooLargeForCache { needed: usize, capacity: usize },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+/// A program as `GET /programs` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ProgramStatus {
+    pub id: String,
+    /// "reasoning" or "acting".
+    pub phase: &'static str,
+    /// "active", "paused" or "terminated".
+    pub state: &'static str,
+    pub replica: Option<usize>,
+    pub context_tokens: usize,
+    pub blocks_held: usize,
+    /// Requests completed.
+    pub steps: u64,
+    pub waiting_requests: usize,
+}

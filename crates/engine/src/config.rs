@@ -1,0 +1,34 @@
+use agentd_scheduler::SchedulerConfig;
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Data-parallel replicas, each with its own KV pool and worker thread.
+    pub replicas: usize,
+    /// KV blocks per replica.
+    pub num_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Token budget of one step (decode tokens + prefill chunks).
+    pub max_num_batched_tokens: usize,
+    /// Requests that may wait (queued or paused) before new ones get
+    /// `Overloaded` — back-pressure instead of unbounded memory.
+    pub max_waiting: usize,
+    pub scheduler: SchedulerConfig,
+    /// Salt of the prefix-cache hashes.
+    pub cache_salt: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            num_blocks: 1024,
+            block_size: 16,
+            max_num_batched_tokens: 2048,
+            max_waiting: 1024,
+            scheduler: SchedulerConfig::default(),
+            cache_salt: 0,
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The engine handle: start workers, submit requests, observe.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use agentd_models::{ModelError, Qwen3Config, Qwen3Model};
+use tokio::sync::mpsc;
+use tracing::info;
+
+use crate::core::Core;
+use crate::metrics::MetricsSnapshot;
+use crate::worker::{self, Shared};
+use crate::{EngineConfig, EngineError, Event, GenerateRequest, ProgramStatus};
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    #[error("could not start a worker thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    config: Qwen3Config,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.wake_all();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A running engine. Cheap to clone; the workers stop when the last clone is
+/// dropped (or on [`Engine::shutdown`]).
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// The events of one request. Dropping it cancels the request: the engine
+/// notices at its next step boundary and frees what only it held.
+pub struct RequestStream {
+    rx: mpsc::UnboundedReceiver<Event>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl RequestStream {
+    pub async fn next(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// For callers outside an async runtime (tests, offline tools).
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Engine {
+    /// Loads the model from a Hugging Face directory and starts one worker per replica.
+    pub fn start(model_dir: &Path, cfg: EngineConfig) -> Result<Self, StartError> {
+        info!(dir = %model_dir.display(), "loading model");
+        let model = Qwen3Model::load(model_dir)?;
+        Self::with_model(Arc::new(model), cfg)
+    }
+
+    pub fn with_model(model: Arc<Qwen3Model>, cfg: EngineConfig) -> Result<Self, StartError> {
+        cfg.scheduler.validate().map_err(StartError::Config)?;
+        if cfg.replicas == 0
+            || cfg.num_blocks == 0
+            || cfg.block_size == 0
+            || cfg.max_num_batched_tokens == 0
+        {
+            return Err(StartError::Config(
+                "replicas, num_blocks, block_size and max_num_batched_tokens must be positive"
+                    .into(),
+            ));
+        }
+        let mc = model.config().clone();
+        let core = Core::new(
+            cfg.clone(),
+            mc.eos_token_ids.clone(),
+            mc.max_position_embeddings,
+            mc.vocab_size,
+        );
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            wake: (0..cfg.replicas).map(|_| Condvar::new()).collect(),
+        });
+        let mut threads = Vec::with_capacity(cfg.replicas);
+        for r in 0..cfg.replicas {
+            let cache = model.new_cache(cfg.num_blocks, cfg.block_size)?;
+            let (s, m) = (shared.clone(), model.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("agentd-replica-{r}"))
+                .spawn(move || worker::run(r, s, m, cache))?;
+            threads.push(t);
+        }
+        info!(
+            replicas = cfg.replicas,
+            blocks_per_replica = cfg.num_blocks,
+            block_size = cfg.block_size,
+            policy = %cfg.scheduler.policy,
+            "engine started"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                shared,
+                threads: Mutex::new(threads),
+                config: mc,
+            }),
+        })
+    }
+
+    /// Queues a request. Never blocks; refuses with `Overloaded` when too many
+    /// requests already wait.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        self.inner
+            .shared
+            .lock()
+            .submit(req, tx, cancelled.clone())?;
+        self.inner.shared.wake_all();
+        Ok(RequestStream { rx, cancelled })
+    }
+
+    /// Ends a program: its requests are cancelled, its KV released. False if
+    /// no such program exists.
+    pub fn release(&self, program: &str) -> bool {
+        let found = self.inner.shared.lock().release(program);
+        self.inner.shared.wake_all();
+        found
+    }
+
+    pub fn programs(&self) -> Vec<ProgramStatus> {
+        self.inner.shared.lock().program_status()
+    }
+
+    pub fn model_config(&self) -> &Qwen3Config {
+        &self.inner.config
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let core = self.inner.shared.lock();
+        let stats = core.policy.stats();
+        let (mut queries, mut hits, mut referenced, mut total) = (0, 0, 0, 0);
+        for kv in &core.kv {
+            queries += kv.stats().query_tokens;
+            hits += kv.stats().hit_tokens;
+            referenced += kv.pool().num_referenced();
+            total += kv.pool().num_blocks();
+        }
+        let mut programs: Vec<(&'static str, &'static str, usize)> = Vec::new();
+        for s in core.program_status() {
+            match programs
+                .iter_mut()
+                .find(|(ph, st, _)| *ph == s.phase && *st == s.state)
+            {
+                Some(e) => e.2 += 1,
+                None => programs.push((s.phase, s.state, 1)),
+            }
+        }
+        MetricsSnapshot {
+            num_requests_running: core.num_running(),
+            num_requests_waiting: core.num_waiting(),
+            kv_cache_usage: referenced as f64 / total.max(1) as f64,
+            prefix_cache_queries: queries,
+            prefix_cache_hits: hits,
+            num_preemptions: stats.exhaustion_pauses + stats.pauses,
+            prompt_tokens: core.counters.prompt_tokens,
+            generation_tokens: core.counters.generation_tokens,
+            block_size: core.cfg.block_size,
+            num_gpu_blocks: core.cfg.num_blocks,
+            ttft_s: core.counters.ttft_s.clone(),
+            e2e_s: core.counters.e2e_s.clone(),
+            programs,
+            pauses: stats.pauses + stats.exhaustion_pauses,
+            restores: stats.restores,
+            recomputed_tokens: core.counters.recomputed_tokens,
+            requests_finished: core.counters.requests_finished,
+        }
+    }
+
+    /// Stops the workers after their current step; later submissions fail.
+    pub fn shutdown(&self) {
+        self.inner.shared.lock().shutdown = true;
+        self.inner.shared.wake_all();
+    }
+}

@@ -1,0 +1,27 @@
+//! The engine: one batching loop per replica, with the program scheduler inside.
+//!
+//! Every step of replica *r*: ask the policy for this step's pauses and
+//! admissions (on exact block counts), plan a mixed batch — decode tokens
+//! first, then prefill chunks — under the token budget, allocate its slots
+//! (pausing by the policy's order when blocks run out), run the model, sample,
+//! stream tokens back and finish requests on their stop conditions.
+//!
+//! Block bookkeeping (all replicas' [`agentd_kv::KvCache`]s, the policy, the
+//! program table) sits behind one mutex held for microseconds per step; the
+//! model forward runs outside it on the replica's own tensor cache. Pausing a
+//! program drops its block references at once; restoring re-matches its
+//! prefix and prefills only what was lost.
+
+mod api;
+mod config;
+mod core;
+mod engine;
+mod metrics;
+mod worker;
+
+pub use api::{
+    EngineError, Event, FinishReason, GenerateRequest, ProgramStatus, TokenEvent, Usage,
+};
+pub use config::EngineConfig;
+pub use engine::{Engine, RequestStream, StartError};
+pub use metrics::{Histogram, MetricsSnapshot};

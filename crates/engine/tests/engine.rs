@@ -1,0 +1,263 @@
+//! The engine end to end on a real (tiny, random-weight) Qwen3 checked against
+//! transformers: greedy tokens, prefix reuse between a program's turns, pause
+//! and restore under memory pressure, cancellation, release, bad input.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agentd_engine::{
+    Engine, EngineConfig, EngineError, Event, FinishReason, GenerateRequest, Usage,
+};
+use agentd_models::SamplingParams;
+use agentd_scheduler::{PolicyKind, SchedulerConfig};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/golden")
+        .join(name)
+}
+
+/// (prompt, transformers' greedy continuation) of the fixture's cases.
+fn golden(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let text = std::fs::read_to_string(fixture(name).join("golden.json")).expect("fixture");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            let ids = |x: &serde_json::Value| -> Vec<u32> {
+                x.as_array()
+                    .expect("array")
+                    .iter()
+                    .map(|t| t.as_u64().expect("id") as u32)
+                    .collect()
+            };
+            let greedy: Vec<u32> = c["greedy"]
+                .as_array()
+                .expect("greedy")
+                .iter()
+                .map(|g| g["token"].as_u64().expect("token") as u32)
+                .collect();
+            (ids(&c["input_ids"]), greedy)
+        })
+        .collect()
+}
+
+fn engine(policy: PolicyKind, num_blocks: usize) -> Engine {
+    let cfg = EngineConfig {
+        num_blocks,
+        block_size: 16,
+        max_num_batched_tokens: 64,
+        scheduler: SchedulerConfig {
+            policy,
+            ..SchedulerConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    Engine::start(&fixture("gqa2-untied"), cfg).expect("engine starts")
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+fn request(program: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        program: program.map(str::to_string),
+        prompt,
+        sampling: greedy(max_tokens),
+        final_request: false,
+    }
+}
+
+/// Drains a stream: generated tokens, finish reason, usage.
+fn collect(mut s: agentd_engine::RequestStream) -> (Vec<u32>, FinishReason, Usage) {
+    let mut toks = Vec::new();
+    loop {
+        match s.blocking_next() {
+            Some(Event::Token(t)) => toks.push(t.token_id),
+            Some(Event::Finished { reason, usage }) => return (toks, reason, usage),
+            None => panic!("stream ended without Finished"),
+        }
+    }
+}
+
+#[test]
+fn concurrent_requests_match_transformers_greedy() {
+    for policy in [PolicyKind::Program, PolicyKind::Request] {
+        let e = engine(policy, 256);
+        let cases = golden("gqa2-untied");
+        let streams: Vec<_> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, (prompt, want))| {
+                let name = format!("p{i}");
+                e.submit(request(Some(&name), prompt.clone(), want.len()))
+                    .expect("accepted")
+            })
+            .collect();
+        for (s, (prompt, want)) in streams.into_iter().zip(&cases) {
+            let (got, reason, usage) = collect(s);
+            assert_eq!(&got, want, "{policy}: prompt of {} tokens", prompt.len());
+            assert_eq!(reason, FinishReason::Length);
+            assert_eq!(usage.prompt_tokens, prompt.len());
+            assert_eq!(usage.completion_tokens, want.len());
+        }
+    }
+}
+
+#[test]
+fn a_programs_next_turn_reuses_its_kv() {
+    let e = engine(PolicyKind::Program, 256);
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
+    let (gen, _, u1) = collect(
+        e.submit(request(Some("agent"), prompt.clone(), 10))
+            .expect("ok"),
+    );
+    assert_eq!(u1.cached_tokens, 0);
+    let mut next = prompt.clone();
+    next.extend(&gen);
+    next.extend([11, 12, 13, 14, 15]);
+    let (_, _, u2) = collect(
+        e.submit(request(Some("agent"), next.clone(), 4))
+            .expect("ok"),
+    );
+    // Everything computed before is reused, including the partial last block;
+    // only the last sampled token (never fed back) and the new tokens are new.
+    assert_eq!(u2.cached_tokens, prompt.len() + gen.len() - 1);
+    let m = e.metrics();
+    assert!(m.prefix_cache_hits >= u2.cached_tokens as u64);
+    let progs = e.programs();
+    assert_eq!(progs.len(), 1);
+    assert_eq!(progs[0].id, "agent");
+    assert_eq!(progs[0].steps, 2);
+    assert_eq!(progs[0].phase, "acting");
+}
+
+#[test]
+fn paused_programs_finish_with_the_uncontended_tokens() {
+    // Short prompts are admitted together, then outgrow the cache while decoding.
+    let cases: Vec<Vec<u32>> = (0..4u32)
+        .map(|k| (0..20).map(|i| (i * 13 + k * 101) % 500).collect())
+        .collect();
+    // Alone, with plenty of memory.
+    let roomy = engine(PolicyKind::Program, 256);
+    let want: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|p| collect(roomy.submit(request(None, p.clone(), 90)).expect("ok")).0)
+        .collect();
+    // Together, in 14 blocks (224 tokens) while each needs 7 (110 tokens):
+    // reasoning programs must be paused mid-request and restored.
+    let tight = engine(PolicyKind::Program, 14);
+    let streams: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            tight
+                .submit(request(Some(&format!("t{i}")), p.clone(), 90))
+                .expect("ok")
+        })
+        .collect();
+    for (s, w) in streams.into_iter().zip(&want) {
+        assert_eq!(&collect(s).0, w, "same tokens as uncontended");
+    }
+    let m = tight.metrics();
+    assert!(m.pauses > 0, "memory pressure paused someone: {m:?}");
+    assert!(m.restores > 0, "{m:?}");
+    assert!(
+        m.recomputed_tokens > 0,
+        "restores recomputed what was evicted: {m:?}"
+    );
+}
+
+#[test]
+fn dropping_a_stream_cancels_and_frees() {
+    let e = engine(PolicyKind::Program, 256);
+    let prompt: Vec<u32> = (0..30).collect();
+    let mut s = e.submit(request(None, prompt.clone(), 60)).expect("ok");
+    // Wait for the first token, then hang up.
+    assert!(matches!(s.blocking_next(), Some(Event::Token(_))));
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.metrics().num_requests_running > 0 {
+        assert!(Instant::now() < deadline, "cancelled request still running");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A one-off program is released with its request: nothing stays referenced.
+    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+    let (toks, _, _) = collect(e.submit(request(None, prompt, 3)).expect("ok"));
+    assert_eq!(toks.len(), 3);
+}
+
+#[test]
+fn release_ends_a_program_and_frees_its_blocks() {
+    let e = engine(PolicyKind::Program, 256);
+    collect(
+        e.submit(request(Some("r"), (0..40).collect(), 5))
+            .expect("ok"),
+    );
+    assert!(e.metrics().kv_cache_usage > 0.0, "kept between requests");
+    assert!(e.release("r"));
+    assert!(!e.release("r"), "already gone");
+    assert!(e.programs().is_empty());
+    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let e = engine(PolicyKind::Program, 256);
+    let err = |r| e.submit(r).err().expect("refused");
+    assert!(matches!(
+        err(request(None, vec![], 4)),
+        EngineError::Invalid(_)
+    ));
+    assert!(
+        matches!(err(request(None, vec![1, 2, 999_999], 4)), EngineError::Invalid(m) if m.contains("999999"))
+    );
+    assert!(matches!(
+        err(request(None, vec![1; 100], 100)),
+        EngineError::ContextTooLong {
+            prompt: 100,
+            max_tokens: 100,
+            max: 128
+        }
+    ));
+    let small = engine(PolicyKind::Program, 2);
+    assert!(matches!(
+        small.submit(request(None, vec![1; 40], 8)).err(),
+        Some(EngineError::TooLargeForCache {
+            needed: 3,
+            capacity: 2
+        })
+    ));
+}
+
+#[test]
+fn overload_gets_back_pressure() {
+    let cfg = EngineConfig {
+        num_blocks: 8,
+        max_waiting: 2,
+        ..EngineConfig::default()
+    };
+    let e = Engine::start(&fixture("gqa2-untied"), cfg).expect("starts");
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..20 {
+        match e.submit(request(Some(&format!("o{i}")), vec![5; 60], 40)) {
+            Ok(s) => held.push(s),
+            Err(err) => {
+                refused = Some(err);
+                break;
+            }
+        }
+    }
+    assert!(
+        matches!(refused, Some(EngineError::Overloaded { limit: 2, .. })),
+        "{refused:?}"
+    );
+}
