@@ -20,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// OpenAI-compatible HTTP server on the engine (default: the embedded tiny Qwen3).
+    Serve(cmd::serve::ServeArgs),
     /// Discrete-event simulation of the scheduler and KV allocator under agent load.
     Simulate(cmd::simulate::SimulateArgs),
     /// Write a random-weight Hugging Face model directory from a model card.
@@ -40,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::MakeModel(a) => cmd::make_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),

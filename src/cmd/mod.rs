@@ -4,4 +4,5 @@ pub mod bench_model;
 pub mod generate;
 pub mod make_model;
 pub mod scheduler_args;
+pub mod serve;
 pub mod simulate;

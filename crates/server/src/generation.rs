@@ -1,0 +1,251 @@
+//! One request's output as text: engine token events → detokenised pieces,
+//! stop strings applied, logprobs attached, usage at the end. Shared by the
+//! chat and text-completion routes, streaming or not.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use agentd_engine::{Event, RequestStream, TokenEvent};
+use agentd_models::{IncrementalDecoder, Tokenizer};
+
+use crate::error::ApiError;
+use crate::protocol::{TokenLogprob, TopLogprob, UsageInfo};
+use crate::stop::{StopMatcher, StopOutcome};
+
+/// Text settled by one or more tokens, with the logprobs of the tokens whose
+/// text starts in it.
+#[derive(Debug, Default, Clone)]
+pub struct Piece {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// What [`Generation::next`] yields.
+#[derive(Debug)]
+pub enum Step {
+    Piece(Piece),
+    /// The last step: remaining text, the OpenAI finish reason and usage.
+    Finished {
+        piece: Piece,
+        reason: &'static str,
+        usage: UsageInfo,
+    },
+}
+
+pub struct Generation {
+    /// `None` once finished; dropping it cancels the engine request.
+    stream: Option<RequestStream>,
+    tokenizer: Arc<Tokenizer>,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+    logprobs: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    /// Bytes of text decoded so far (before any stop-string cut).
+    decoded: usize,
+    /// Bytes of text handed out.
+    emitted: usize,
+    /// Logprobs not yet handed out, with the byte offset where each token's
+    /// text starts.
+    pending: VecDeque<(usize, TokenLogprob)>,
+}
+
+impl Generation {
+    pub fn new(
+        stream: RequestStream,
+        tokenizer: Arc<Tokenizer>,
+        stop: Vec<String>,
+        logprobs: bool,
+        prompt_tokens: usize,
+    ) -> Self {
+        Generation {
+            stream: Some(stream),
+            tokenizer,
+            // vLLM's default `skip_special_tokens=True`: `<|im_end|>` and
+            // friends never show in the text; Qwen3's `<think>` and
+            // `<tool_call>` are not special, so the chat parser still sees them.
+            decoder: IncrementalDecoder::new(true),
+            stop: StopMatcher::new(stop),
+            logprobs,
+            prompt_tokens,
+            completion_tokens: 0,
+            decoded: 0,
+            emitted: 0,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// The next settled piece; `None` after [`Step::Finished`].
+    pub async fn next(&mut self) -> Result<Option<Step>, ApiError> {
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                return Ok(None);
+            };
+            let event = stream.next().await;
+            match event {
+                Some(Event::Token(t)) => {
+                    if let Some(step) = self.on_token(t)? {
+                        return Ok(Some(step));
+                    }
+                }
+                Some(Event::Finished { reason, usage }) => {
+                    let tail = self.decoder.flush(&self.tokenizer)?.unwrap_or_default();
+                    self.decoded += tail.len();
+                    let usage = UsageInfo::new(
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                        usage.cached_tokens,
+                    );
+                    tracing::debug!(reason = reason.as_openai(), ?usage, "request finished");
+                    return Ok(Some(match self.stop.push(&tail) {
+                        StopOutcome::Stopped(text) => self.finish_stopped(text),
+                        StopOutcome::Ready(mut text) => {
+                            text.push_str(&self.stop.finish());
+                            self.stream = None;
+                            let piece = self.piece(text, true);
+                            Step::Finished {
+                                piece,
+                                reason: reason.as_openai(),
+                                usage,
+                            }
+                        }
+                    }));
+                }
+                None => {
+                    // The engine dropped the request without finishing it
+                    // (shutdown): report what was generated as aborted.
+                    tracing::warn!("engine stream closed without a finish event");
+                    self.stream = None;
+                    let text = self.stop.finish();
+                    return Ok(Some(Step::Finished {
+                        piece: self.piece(text, true),
+                        reason: "abort",
+                        usage: self.usage_so_far(),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn on_token(&mut self, t: TokenEvent) -> Result<Option<Step>, ApiError> {
+        self.completion_tokens += 1;
+        if self.logprobs {
+            let lp = self.token_logprob(&t)?;
+            self.pending.push_back((self.decoded, lp));
+        }
+        let Some(delta) = self.decoder.push(&self.tokenizer, t.token_id)? else {
+            return Ok(None);
+        };
+        self.decoded += delta.len();
+        Ok(match self.stop.push(&delta) {
+            StopOutcome::Stopped(text) => Some(self.finish_stopped(text)),
+            StopOutcome::Ready(text) if text.is_empty() => None,
+            StopOutcome::Ready(text) => Some(Step::Piece(self.piece(text, false))),
+        })
+    }
+
+    /// A stop string matched: cancel the engine request by dropping its
+    /// stream and finish with the text before the stop string.
+    fn finish_stopped(&mut self, text: String) -> Step {
+        tracing::debug!(
+            completion_tokens = self.completion_tokens,
+            "stop string matched; cancelling"
+        );
+        self.stream = None;
+        let piece = self.piece(text, false);
+        // Tokens past the stop string are not part of the answer.
+        self.pending.clear();
+        Step::Finished {
+            piece,
+            reason: "stop",
+            // The engine's usage (and its cached-token count) went with the
+            // dropped stream; prompt and completion counts are exact here.
+            usage: self.usage_so_far(),
+        }
+    }
+
+    fn usage_so_far(&self) -> UsageInfo {
+        UsageInfo::new(self.prompt_tokens, self.completion_tokens, 0)
+    }
+
+    /// Wraps `text` with the logprobs of the tokens that start inside it
+    /// (all pending ones when `all`).
+    fn piece(&mut self, text: String, all: bool) -> Piece {
+        self.emitted += text.len();
+        let mut logprobs = Vec::new();
+        while let Some((start, _)) = self.pending.front() {
+            if !all && *start >= self.emitted {
+                break;
+            }
+            if let Some((_, lp)) = self.pending.pop_front() {
+                logprobs.push(lp);
+            }
+        }
+        Piece { text, logprobs }
+    }
+
+    fn token_logprob(&self, t: &TokenEvent) -> Result<TokenLogprob, ApiError> {
+        let token = self.tokenizer.decode(&[t.token_id], false)?;
+        let top = t
+            .top
+            .iter()
+            .map(|&(id, logprob)| {
+                let token = self.tokenizer.decode(&[id], false)?;
+                Ok(TopLogprob {
+                    bytes: token.as_bytes().to_vec(),
+                    token,
+                    logprob,
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok(TokenLogprob {
+            bytes: token.as_bytes().to_vec(),
+            token,
+            logprob: t.logprob.unwrap_or(f32::NAN),
+            top_logprobs: top,
+        })
+    }
+}
+
+/// A whole generation, for non-streamed responses.
+#[derive(Debug)]
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub reason: &'static str,
+    pub usage: UsageInfo,
+}
+
+/// Runs `gen` to the end. If the client disconnects meanwhile, axum drops
+/// this future and the engine request with it.
+pub async fn collect(mut gen: Generation) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    loop {
+        match gen.next().await? {
+            Some(Step::Piece(p)) => {
+                text.push_str(&p.text);
+                logprobs.extend(p.logprobs);
+            }
+            Some(Step::Finished {
+                piece,
+                reason,
+                usage,
+            }) => {
+                text.push_str(&piece.text);
+                logprobs.extend(piece.logprobs);
+                return Ok(Collected {
+                    text,
+                    logprobs,
+                    reason,
+                    usage,
+                });
+            }
+            None => {
+                return Err(ApiError::Internal(
+                    "generation ended without a finish event".into(),
+                ))
+            }
+        }
+    }
+}

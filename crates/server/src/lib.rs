@@ -1,0 +1,25 @@
+//! agentd's OpenAI-compatible HTTP server (DESIGN §6), on axum.
+//!
+//! - [`app`]: shared state, router (API key on all but `/health`), accept loop.
+//! - [`routes`]: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//!   `/health`, `/metrics`, `/programs`, `/programs/release`.
+//! - [`protocol`]: OpenAI wire types; [`sampling`]: request fields → engine
+//!   sampling parameters; [`program_id`]: which program a request belongs to.
+//! - [`generation`]: engine token events → text pieces (detokenisation, stop
+//!   strings, logprobs); [`stop`]: the stop-string matcher; [`sse`]: framing.
+//! - [`metrics`]: Prometheus text under vLLM's names; [`error`]: OpenAI-shaped
+//!   errors with their HTTP status.
+
+pub mod app;
+pub mod error;
+pub mod generation;
+pub mod metrics;
+pub mod program_id;
+pub mod protocol;
+pub mod routes;
+pub mod sampling;
+pub mod sse;
+pub mod stop;
+
+pub use app::{router, serve, AppState, SetupError, SharedState};
+pub use error::ApiError;

@@ -1,0 +1,343 @@
+//! OpenAI wire types: the request bodies the server accepts and the responses
+//! and stream chunks it sends.
+//!
+//! Requests are lenient in what they ignore (clients send many fields we have
+//! no use for) and strict in what they read: a field of the wrong type is a
+//! 400 naming the field, never a panic.
+
+use agentd_chat::{ChatDelta, ChatMessage, ToolCall};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of strings")]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `extra_body` as clients that do not unpack it send it: only the agentd
+/// fields are read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ExtraBody {
+    pub program_id: Option<String>,
+    #[serde(rename = "final")]
+    pub final_request: Option<bool>,
+}
+
+/// Fields shared by chat and text completions: sampling, program, streaming.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub stop: Option<StopSpec>,
+    pub seed: Option<u64>,
+    pub n: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    // vLLM extras.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    // agentd program fields.
+    pub program_id: Option<String>,
+    #[serde(rename = "final")]
+    pub final_request: Option<bool>,
+    pub extra_body: Option<ExtraBody>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<Vec<Json>>,
+    pub tool_choice: Option<Json>,
+    pub chat_template_kwargs: Option<Map<String, Json>>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// `prompt` of a text completion.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a string, a list of strings, a list of token ids or a list of token-id lists"
+)]
+pub enum PromptSpec {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: PromptSpec,
+    /// Number of top alternatives per token (legacy `logprobs: k`).
+    pub logprobs: Option<u32>,
+    #[serde(default)]
+    pub echo: bool,
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct UsageInfo {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+impl UsageInfo {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Self {
+        UsageInfo {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
+        }
+    }
+}
+
+/// One alternative in chat `logprobs`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// One sampled token in chat `logprobs.content`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+/// Legacy completions `logprobs`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<Map<String, Json>>,
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Appends tokens whose text starts at byte `offset` of the choice text.
+    pub fn extend(&mut self, tokens: &[TokenLogprob], mut offset: usize) {
+        for t in tokens {
+            self.tokens.push(t.token.clone());
+            self.token_logprobs.push(t.logprob);
+            let top = t
+                .top_logprobs
+                .iter()
+                .map(|a| (a.token.clone(), Json::from(a.logprob)))
+                .collect();
+            self.top_logprobs.push(top);
+            self.text_offset.push(offset);
+            offset += t.token.len();
+        }
+    }
+}
+
+/// The assistant message of a non-streamed chat choice.
+#[derive(Debug, Clone, Serialize)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: UsageInfo,
+}
+
+/// `delta` of a chat stream chunk: the role on the first chunk, then the
+/// parser's deltas.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChunkDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(flatten)]
+    pub delta: ChatDelta,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChunkDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    /// Present (as `null`) on every chunk when usage was asked for, and set
+    /// on the final usage-only chunk, as OpenAI does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<UsageInfo>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A text completion, whole or as one stream chunk (same object, as OpenAI).
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<UsageInfo>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub root: String,
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReleaseRequest {
+    pub program_id: String,
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_request_reads_common_fields_through_flatten() {
+        let req: ChatCompletionRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stop":"x",
+                "max_tokens":3,"temperature":0,"top_k":-1,"extra_body":{"program_id":"p"},
+                "final":true,"unknown_field":1}"#,
+        )
+        .unwrap();
+        assert_eq!(req.common.max_tokens, Some(3));
+        assert_eq!(req.common.temperature, Some(0.0));
+        assert_eq!(req.common.top_k, Some(-1));
+        assert_eq!(req.common.final_request, Some(true));
+        assert_eq!(
+            req.common.extra_body.unwrap().program_id.as_deref(),
+            Some("p")
+        );
+        assert!(matches!(req.common.stop, Some(StopSpec::One(_))));
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        let p: CompletionRequest = serde_json::from_str(r#"{"prompt":[1,2,3]}"#).unwrap();
+        assert!(matches!(p.prompt, PromptSpec::Tokens(ref t) if t == &[1, 2, 3]));
+        let p: CompletionRequest = serde_json::from_str(r#"{"prompt":["a"]}"#).unwrap();
+        assert!(matches!(p.prompt, PromptSpec::Texts(_)));
+        assert!(serde_json::from_str::<CompletionRequest>(r#"{"prompt":{}}"#).is_err());
+    }
+
+    #[test]
+    fn usage_chunk_shape() {
+        let c = CompletionResponse {
+            id: "x".into(),
+            object: "text_completion",
+            created: 0,
+            model: "m".into(),
+            choices: vec![],
+            usage: Some(None),
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert!(v.get("usage").unwrap().is_null());
+        let u = UsageInfo::new(5, 2, 3);
+        let v = serde_json::to_value(u).unwrap();
+        assert_eq!(v["total_tokens"], 7);
+        assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 3);
+    }
+}

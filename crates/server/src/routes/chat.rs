@@ -1,0 +1,306 @@
+//! `POST /v1/chat/completions`: messages → chat template → engine → text →
+//! `reasoning_content` / `content` / `tool_calls`, whole or streamed.
+
+use agentd_chat::{
+    parse_output, ChatDelta, OutputOptions, ReasoningMode, RenderOptions, StreamParser, ToolCallIds,
+};
+use agentd_engine::GenerateRequest;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, StreamExt};
+use serde_json::Value as Json_;
+
+use crate::app::{parse_json, SharedState};
+use crate::error::ApiError;
+use crate::generation::{collect, Generation, Step};
+use crate::protocol::{
+    unix_now, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+    ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob,
+    UsageInfo,
+};
+use crate::{program_id, sampling, sse};
+
+pub async fn handle(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_json(&body)?;
+    state.check_model(req.common.model.as_deref())?;
+    let program = program_id::resolve(&req.common, &headers)?;
+    let template = state.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template (no tokenizer_config.json); use /v1/completions",
+        )
+    })?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let continue_final = req.continue_final_message.unwrap_or(false);
+    let opts = RenderOptions {
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(!continue_final),
+        continue_final_message: continue_final,
+        chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+    };
+    let tools = req.tools.as_deref().filter(|t| !t.is_empty());
+    let text = template.render(&req.messages, tools, &opts)?;
+    let prompt = state.tokenizer.encode(&text, false)?;
+    let top = match (req.logprobs, req.top_logprobs) {
+        (Some(true), k) => Some(k.unwrap_or(0)),
+        (_, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+        _ => None,
+    };
+    let sampling = sampling::build(&req.common, top, prompt.len(), state.max_model_len)?;
+    // `tool_choice: "none"` keeps the tools in the prompt (as vLLM) but the
+    // output is not parsed for calls.
+    let parse_tools =
+        tools.is_some() && !matches!(&req.tool_choice, Some(Json_::String(s)) if s == "none");
+    let output = OutputOptions {
+        reasoning: ReasoningMode::from_enable_thinking(opts.enable_thinking()),
+        tool_calls: parse_tools,
+    };
+    let prompt_len = prompt.len();
+    tracing::info!(
+        program = ?program.program,
+        prompt_tokens = prompt_len,
+        max_tokens = sampling.params.max_tokens,
+        stream = req.common.stream,
+        tools = parse_tools,
+        "chat completion"
+    );
+    let engine_stream = state.engine.submit(GenerateRequest {
+        program: program.program,
+        prompt,
+        sampling: sampling.params,
+        final_request: program.final_request,
+    })?;
+    let gen = Generation::new(
+        engine_stream,
+        state.tokenizer.clone(),
+        sampling.stop,
+        top.is_some(),
+        prompt_len,
+    );
+    let meta = Meta {
+        id: state.request_id("chatcmpl"),
+        created: unix_now(),
+        model: state.model_name.clone(),
+    };
+    if req.common.stream {
+        let include_usage = req
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        Ok(stream_response(
+            gen,
+            output,
+            meta,
+            include_usage,
+            top.is_some(),
+        ))
+    } else {
+        let done = collect(gen).await?;
+        let parsed = parse_output(&done.text, output, &mut ToolCallIds::Random);
+        let reason = finish_reason(done.reason, !parsed.tool_calls.is_empty());
+        let response = ChatCompletionResponse {
+            id: meta.id,
+            object: "chat.completion",
+            created: meta.created,
+            model: meta.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: parsed.content,
+                    reasoning_content: parsed.reasoning_content,
+                    tool_calls: parsed.tool_calls,
+                },
+                logprobs: top.is_some().then_some(ChatLogprobs {
+                    content: done.logprobs,
+                }),
+                finish_reason: reason,
+            }],
+            usage: done.usage,
+        };
+        Ok(Json(response).into_response())
+    }
+}
+
+/// OpenAI reports `tool_calls` when the model stopped after calling tools.
+fn finish_reason(reason: &'static str, called_tools: bool) -> &'static str {
+    if called_tools && reason == "stop" {
+        "tool_calls"
+    } else {
+        reason
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+struct ChatStream {
+    gen: Generation,
+    parser: StreamParser,
+    meta: Meta,
+    include_usage: bool,
+    logprobs: bool,
+    /// Logprobs of tokens whose text the parser still holds back.
+    pending_logprobs: Vec<TokenLogprob>,
+    called_tools: bool,
+    started: bool,
+    done: bool,
+}
+
+impl ChatStream {
+    fn chunk(
+        &self,
+        role: bool,
+        delta: ChatDelta,
+        logprobs: Option<Vec<TokenLogprob>>,
+        finish: Option<&'static str>,
+    ) -> Bytes {
+        sse::event(&ChatCompletionChunk {
+            id: self.meta.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: ChunkDelta {
+                    role: role.then_some("assistant"),
+                    delta,
+                },
+                logprobs: logprobs.map(|content| ChatLogprobs { content }),
+                finish_reason: finish,
+            }],
+            usage: self.include_usage.then_some(None),
+        })
+    }
+
+    /// Chunks for parser deltas; pending logprobs ride on the first one.
+    fn deltas(&mut self, deltas: Vec<ChatDelta>, out: &mut Vec<Bytes>) {
+        for d in deltas {
+            self.called_tools |= !d.tool_calls.is_empty();
+            let lp = self
+                .logprobs
+                .then(|| std::mem::take(&mut self.pending_logprobs));
+            out.push(self.chunk(false, d, lp, None));
+        }
+    }
+
+    /// The chunks of the next step; `None` when the stream is over.
+    async fn step(&mut self) -> Option<Vec<Bytes>> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        if !self.started {
+            self.started = true;
+            let first = ChatDelta {
+                content: Some(String::new()),
+                ..ChatDelta::default()
+            };
+            out.push(self.chunk(true, first, None, None));
+            return Some(out);
+        }
+        match self.gen.next().await {
+            Ok(Some(Step::Piece(p))) => {
+                self.pending_logprobs.extend(p.logprobs);
+                let d = self.parser.push(&p.text);
+                self.deltas(d, &mut out);
+            }
+            Ok(Some(Step::Finished {
+                piece,
+                reason,
+                usage,
+            })) => {
+                self.pending_logprobs.extend(piece.logprobs);
+                let mut d = self.parser.push(&piece.text);
+                d.extend(self.parser.finish());
+                self.deltas(d, &mut out);
+                let reason = finish_reason(reason, self.called_tools);
+                let lp = self
+                    .logprobs
+                    .then(|| std::mem::take(&mut self.pending_logprobs))
+                    .filter(|l| !l.is_empty());
+                out.push(self.chunk(false, ChatDelta::default(), lp, Some(reason)));
+                if self.include_usage {
+                    out.push(self.usage_chunk(usage));
+                }
+                out.push(Bytes::from_static(sse::DONE));
+                self.done = true;
+            }
+            Ok(None) => {
+                out.push(Bytes::from_static(sse::DONE));
+                self.done = true;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "chat stream failed");
+                out.push(sse::event(&e.body()));
+                out.push(Bytes::from_static(sse::DONE));
+                self.done = true;
+            }
+        }
+        Some(out)
+    }
+
+    fn usage_chunk(&self, usage: UsageInfo) -> Bytes {
+        sse::event(&ChatCompletionChunk {
+            id: self.meta.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            choices: Vec::new(),
+            usage: Some(Some(usage)),
+        })
+    }
+}
+
+fn stream_response(
+    gen: Generation,
+    output: OutputOptions,
+    meta: Meta,
+    include_usage: bool,
+    logprobs: bool,
+) -> Response {
+    let state = ChatStream {
+        gen,
+        parser: StreamParser::new(output, ToolCallIds::Random),
+        meta,
+        include_usage,
+        logprobs,
+        pending_logprobs: Vec::new(),
+        called_tools: false,
+        started: false,
+        done: false,
+    };
+    let chunks = stream::unfold(state, |mut s| async move {
+        let out = s.step().await?;
+        Some((stream::iter(out), s))
+    })
+    .flatten();
+    sse::response(chunks)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tool_calls_finish_reason_only_on_a_clean_stop() {
+        assert_eq!(super::finish_reason("stop", true), "tool_calls");
+        assert_eq!(super::finish_reason("stop", false), "stop");
+        assert_eq!(super::finish_reason("length", true), "length");
+    }
+}

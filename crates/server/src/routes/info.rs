@@ -1,0 +1,38 @@
+//! `GET /health`, `GET /v1/models`, `GET /metrics`.
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::Json;
+
+use crate::app::SharedState;
+use crate::metrics;
+use crate::protocol::{unix_now, ModelCard, ModelList};
+
+/// Liveness: 200 with an empty body, as vLLM. Never behind the API key, so
+/// load balancers can probe it.
+pub async fn health() -> impl IntoResponse {
+    axum::http::StatusCode::OK
+}
+
+pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: state.model_name.clone(),
+            object: "model",
+            created: unix_now(),
+            owned_by: "agentd",
+            root: state.model_root.clone(),
+            max_model_len: state.max_model_len,
+        }],
+    })
+}
+
+pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
+    let snapshot = state.engine.metrics();
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        metrics::render(&snapshot, &state.model_name),
+    )
+}

@@ -1,0 +1,6 @@
+//! HTTP handlers, one module per API area.
+
+pub mod chat;
+pub mod completions;
+pub mod info;
+pub mod programs;

@@ -1,0 +1,32 @@
+//! `GET /programs` and `POST /programs/release` (DESIGN §2).
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+
+use agentd_engine::ProgramStatus;
+
+use crate::app::{parse_json, SharedState};
+use crate::error::ApiError;
+use crate::protocol::ReleaseRequest;
+
+pub async fn list(State(state): State<SharedState>) -> Json<Vec<ProgramStatus>> {
+    Json(state.engine.programs())
+}
+
+/// Ends a program: cancels its requests and frees its KV. 404 if unknown.
+pub async fn release(
+    State(state): State<SharedState>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: ReleaseRequest = parse_json(&body)?;
+    if state.engine.release(&req.program_id) {
+        tracing::info!(program = %req.program_id, "program released by client");
+        Ok(Json(
+            json!({"released": true, "program_id": req.program_id}),
+        ))
+    } else {
+        Err(ApiError::ProgramNotFound(req.program_id))
+    }
+}

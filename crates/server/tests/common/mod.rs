@@ -1,0 +1,227 @@
+//! Test harness: a tiny random Qwen3 (real tokenizer and chat template), a
+//! real engine and server on 127.0.0.1:0, and a minimal blocking HTTP/1.1
+//! client (so tests can also hang up mid-stream).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use agentd_engine::{Engine, EngineConfig};
+use agentd_models::synth::{write_random_model, ModelCard};
+use agentd_server::AppState;
+use serde_json::Value;
+
+pub const MODEL: &str = "tiny";
+
+/// The tiny model directory, written once per target dir.
+pub fn model_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("server-tiny-qwen3");
+        let done = out.join(".complete");
+        if !done.is_file() {
+            let card = ModelCard::from_file(&root.join("models/qwen3-tiny.json")).expect("card");
+            write_random_model(&card.config, &out, 0, card.tokenizer_dir.as_deref())
+                .expect("write tiny model");
+            std::fs::write(&done, b"").expect("marker");
+        }
+        out
+    })
+}
+
+/// The engine configuration of the test servers.
+pub fn test_config() -> EngineConfig {
+    EngineConfig {
+        num_blocks: 512,
+        block_size: 16,
+        ..EngineConfig::default()
+    }
+}
+
+/// Starts a server on its own runtime thread; returns its address.
+pub fn start(api_key: Option<&str>) -> SocketAddr {
+    start_with(api_key, test_config())
+}
+
+pub fn start_with(api_key: Option<&str>, cfg: EngineConfig) -> SocketAddr {
+    let dir = model_dir();
+    let engine = Engine::start(dir, cfg).expect("engine");
+    let state = Arc::new(
+        AppState::new(engine, dir, MODEL.to_string(), api_key.map(str::to_string)).expect("state"),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("addr"))
+                .expect("send addr");
+            agentd_server::serve(listener, state, std::future::pending())
+                .await
+                .expect("serve");
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(60)).expect("server up")
+}
+
+/// One server shared by the tests of a binary (no API key).
+pub fn shared() -> SocketAddr {
+    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
+    *ADDR.get_or_init(|| start(None))
+}
+
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of an SSE body, `[DONE]` included.
+    pub fn events(&self) -> Vec<String> {
+        self.body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn write_request(
+    s: &mut TcpStream,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) {
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    if let Some(b) = body {
+        req.push_str(b);
+    }
+    s.write_all(req.as_bytes()).expect("write request");
+}
+
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Resp {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    write_request(&mut s, method, path, headers, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read response");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("header end");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    if chunked {
+        body = dechunk(&body);
+    }
+    Resp {
+        status,
+        headers,
+        body: String::from_utf8(body).expect("utf-8 body"),
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16)
+            .expect("chunk size");
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
+    request(addr, "POST", path, &[], Some(&body.to_string()))
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Resp {
+    request(addr, "GET", path, &[], None)
+}
+
+/// Sends a streaming request and hangs up after the first `data:` event.
+pub fn post_and_hang_up(addr: SocketAddr, path: &str, body: &Value) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    write_request(&mut s, "POST", path, &[], Some(&body.to_string()));
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = r.read_line(&mut line).expect("read");
+        assert!(n > 0, "stream ended before any event");
+        if line.starts_with("data: ") {
+            break;
+        }
+    }
+    // Dropping the reader closes the socket mid-stream.
+}
+
+/// A metric's value from `/metrics` text (first line starting with `name{`).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+}

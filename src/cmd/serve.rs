@@ -1,0 +1,193 @@
+//! `agentd serve`: the OpenAI-compatible server (DESIGN §6) on the engine.
+//!
+//! Without `--model` it serves the embedded default: the tiny Qwen3 of
+//! `models/qwen3-tiny.json` (real Qwen3 tokenizer and chat template, random
+//! weights), generated once into a cache directory, so a fresh machine with
+//! no network can serve and be benchmarked.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agentd_engine::{Engine, EngineConfig};
+use agentd_models::synth::{write_random_model, ModelCard};
+use agentd_scheduler::PolicyKind;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use super::scheduler_args::SchedulerArgs;
+
+const DEFAULT_CARD: &str = include_str!("../../models/qwen3-tiny.json");
+const DEFAULT_TOKENIZER: &[u8] = include_bytes!("../../models/qwen3/tokenizer.json");
+const DEFAULT_TOKENIZER_CONFIG: &[u8] = include_bytes!("../../models/qwen3/tokenizer_config.json");
+/// Bump when the embedded card or the weight generator changes, so stale
+/// cached models are not served.
+const DEFAULT_MODEL_VERSION: &str = "qwen3-tiny-v1";
+const DEFAULT_MODEL_NAME: &str = "agentd-tiny-qwen3";
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Hugging Face model directory (config.json, *.safetensors,
+    /// tokenizer.json, tokenizer_config.json). Default: the embedded tiny Qwen3.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// 0 picks a free port (the address is logged).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The `model` name clients use; default: the model directory's name.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Data-parallel engine replicas, each with its own KV pool.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// program (agentd's program-level scheduler) or request (vLLM-like baseline).
+    #[arg(long, default_value = "program")]
+    pub scheduler: PolicyKind,
+    /// KV blocks per replica.
+    #[arg(long, default_value_t = EngineConfig::default().num_blocks)]
+    pub num_kv_blocks: usize,
+    /// Token budget of one engine step (decode tokens + prefill chunks).
+    #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
+    pub max_num_batched_tokens: usize,
+    /// Requests that may wait before new ones get 429.
+    #[arg(long, default_value_t = EngineConfig::default().max_waiting)]
+    pub max_waiting: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    #[command(flatten)]
+    pub sched: SchedulerArgs,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let (model_dir, default_name) = match &args.model {
+        Some(dir) => {
+            let name = dir
+                .canonicalize()
+                .ok()
+                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| dir.display().to_string());
+            (dir.clone(), name)
+        }
+        None => (default_model()?, DEFAULT_MODEL_NAME.to_string()),
+    };
+    let name = args.served_model_name.clone().unwrap_or(default_name);
+    let cfg = EngineConfig {
+        replicas: args.replicas,
+        num_blocks: args.num_kv_blocks,
+        block_size: args.sched.block_size,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_waiting: args.max_waiting,
+        scheduler: args.sched.to_config(args.scheduler),
+        ..EngineConfig::default()
+    };
+    tracing::info!(?cfg, "starting engine");
+    let engine = Engine::start(&model_dir, cfg)
+        .with_context(|| format!("starting the engine on {}", model_dir.display()))?;
+    let state = agentd_server::AppState::new(engine, &model_dir, name.clone(), args.api_key)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        tracing::info!(address = %local, model = %name, "listening on http://{local}");
+        agentd_server::serve(listener, Arc::new(state), shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+/// Ctrl-C (or SIGTERM on Unix) starts a graceful shutdown.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// Where the default model is cached: `$XDG_CACHE_HOME/agentd`, else
+/// `~/.cache/agentd`, else `target/agentd-default-model`.
+fn cache_root() -> PathBuf {
+    let env_dir = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env_dir("XDG_CACHE_HOME")
+        .map(|d| d.join("agentd"))
+        .or_else(|| env_dir("HOME").map(|h| h.join(".cache/agentd")))
+        .unwrap_or_else(|| PathBuf::from("target/agentd-default-model"))
+}
+
+/// The embedded tiny Qwen3, generated on first use.
+fn default_model() -> Result<PathBuf> {
+    let root = cache_root().join(DEFAULT_MODEL_VERSION);
+    let model = root.join("model");
+    if model.join(".complete").is_file() {
+        tracing::info!(dir = %model.display(), "serving the cached default model");
+        return Ok(model);
+    }
+    tracing::info!(dir = %model.display(), "generating the default tiny Qwen3 (first run)");
+    // Build in a scratch directory and rename, so an interrupted first run
+    // never leaves a half-written model that later runs would trust.
+    let scratch = root.join(format!("tmp-{}", std::process::id()));
+    write_default(&scratch).with_context(|| format!("writing {}", scratch.display()))?;
+    if model.exists() {
+        std::fs::remove_dir_all(&model).ok();
+    }
+    if let Err(e) = std::fs::rename(scratch.join("model"), &model) {
+        // Another process may have won the race; use its model if complete.
+        if !model.join(".complete").is_file() {
+            bail!(
+                "cannot move the default model into {}: {e}",
+                model.display()
+            );
+        }
+    }
+    std::fs::remove_dir_all(&scratch).ok();
+    Ok(model)
+}
+
+fn write_default(scratch: &Path) -> Result<()> {
+    let tok_dir = scratch.join("qwen3");
+    std::fs::create_dir_all(&tok_dir)?;
+    std::fs::write(tok_dir.join("tokenizer.json"), DEFAULT_TOKENIZER)?;
+    std::fs::write(
+        tok_dir.join("tokenizer_config.json"),
+        DEFAULT_TOKENIZER_CONFIG,
+    )?;
+    let card_path = scratch.join("qwen3-tiny.json");
+    std::fs::write(&card_path, DEFAULT_CARD)?;
+    let card = ModelCard::from_file(&card_path)?;
+    let out = scratch.join("model");
+    write_random_model(&card.config, &out, 0, card.tokenizer_dir.as_deref())?;
+    std::fs::write(out.join(".complete"), b"")?;
+    Ok(())
+}
