@@ -8,30 +8,40 @@ use rayon::prelude::*;
 
 use crate::config::{Qwen3Config, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::matmul::matmul_xwt;
 use crate::simd;
 
-/// Up to this many activation rows a linear layer runs as a threaded
-/// matrix-vector product over weight rows; above it, candle's gemm.
+/// Whether a product with `t` activation rows runs on [`matmul_xwt`] rather
+/// than candle's gemm.
 ///
-/// Why: decode steps multiply a handful of rows by large weights. That is
-/// memory-bound, and candle's gemm runs it on one core (the 151,936-row output
-/// projection alone took 63 ms per token; ENVIRONMENT.md). Streaming weight
-/// rows across all cores, each row dotted with every activation row while it
-/// is in cache, reads the weights once at full bandwidth. With many rows the
-/// problem becomes compute-bound and gemm's blocked kernels win.
-/// `AGENTD_GEMV_MAX_ROWS` overrides the default (for benchmarking).
-fn gemv_max_rows() -> usize {
+/// Why: decode steps multiply a handful of rows by large weights. candle's
+/// gemm runs AVX2 kernels only and does badly on few rows (the 151,936-row
+/// output projection alone took 63 ms per token; ENVIRONMENT.md), while
+/// `matmul_xwt` streams weight rows across all cores and, with AVX-512, keeps
+/// up with gemm on prefill-sized products too. Without AVX-512 it only wins
+/// for a few rows. `AGENTD_GEMV_MAX_ROWS` overrides the cut-off (benchmarks).
+fn use_own_matmul(t: usize) -> bool {
     static V: OnceLock<usize> = OnceLock::new();
-    *V.get_or_init(|| {
+    let max = *V.get_or_init(|| {
+        let default = if has_avx512() { usize::MAX } else { 8 };
         std::env::var("AGENTD_GEMV_MAX_ROWS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(8)
-    })
+            .unwrap_or(default)
+    });
+    t <= max
 }
 
-/// Weight rows per rayon task in the matrix-vector path.
-const ROWS_PER_TASK: usize = 32;
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// `y = x W^T (+ b)` with W `[out, in]` as stored by Hugging Face.
 #[derive(Debug, Clone)]
@@ -67,7 +77,7 @@ impl Linear {
                 self.in_dim
             )));
         }
-        let y = if t <= gemv_max_rows() {
+        let y = if use_own_matmul(t) {
             self.forward_gemv(x, t)?
         } else {
             x.matmul(&self.weight.t()?)?
@@ -90,29 +100,8 @@ impl Linear {
                 ))
             }
         };
-        // Output computed transposed, `[out, T]`, so each task owns one
-        // contiguous run of it.
-        let mut out_t = vec![0f32; n * t];
-        out_t
-            .par_chunks_mut(ROWS_PER_TASK * t)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                for (ri, o) in chunk.chunks_mut(t).enumerate() {
-                    let r = ci * ROWS_PER_TASK + ri;
-                    simd::dot_rows(&xs, &w[r * k..(r + 1) * k], o);
-                }
-            });
-        let out = if t == 1 {
-            out_t
-        } else {
-            let mut out = vec![0f32; n * t];
-            for (r, row) in out_t.chunks(t).enumerate() {
-                for (j, &v) in row.iter().enumerate() {
-                    out[j * n + r] = v;
-                }
-            }
-            out
-        };
+        let mut out = vec![0f32; t * n];
+        matmul_xwt(&xs, t, w, n, k, &mut out);
         Ok(Tensor::from_vec(out, (t, n), x.device())?)
     }
 }
