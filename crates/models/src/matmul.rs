@@ -19,6 +19,9 @@ use crate::simd;
 const ROWS_PER_TASK: usize = 32;
 /// Activation rows per pass over a task's weight rows (bounds the x working set).
 const X_ROWS_PER_PASS: usize = 64;
+/// Reduction length per tile pass (see `avx512::block`).
+#[cfg(target_arch = "x86_64")]
+const K_CHUNK: usize = 1024;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -106,18 +109,39 @@ mod avx512 {
             let rr = (r1 - r).min(4);
             let wp: [*const f32; 4] =
                 std::array::from_fn(|i| w.as_ptr().add((r + i.min(rr - 1)) * k));
-            let mut t = t0;
-            while t < t1 {
-                let tc = (t1 - t).min(4);
-                let xp: [*const f32; 4] =
-                    std::array::from_fn(|i| x.as_ptr().add((t + i.min(tc - 1)) * k));
-                let acc = tile4x4(wp, xp, k);
-                for c in 0..tc {
-                    for (ri, a) in acc.iter().enumerate().take(rr) {
-                        *out.add((t + c) * n + r + ri) = a[c];
+            // k in chunks, so a tile's 4 weight rows and 4 activation rows
+            // (2 x 16 KiB) stay in L1 across the pass over activation rows.
+            let mut k0 = 0;
+            while k0 < k {
+                let kc = (k - k0).min(super::K_CHUNK);
+                let mut t = t0;
+                while t < t1 {
+                    let tc = (t1 - t).min(4);
+                    let xp: [*const f32; 4] =
+                        std::array::from_fn(|i| x.as_ptr().add((t + i.min(tc - 1)) * k + k0));
+                    // The first pass over a weight tile also prefetches the
+                    // next tile: each weight row is one 4 KiB page, where the
+                    // hardware prefetcher stops, so a cold row would otherwise
+                    // start with a run of misses to DRAM.
+                    let acc = if t == t0 && r + 4 < r1 {
+                        let next = wp.map(|p| p.add(4 * k + k0));
+                        tile4x4::<true>(wp.map(|p| p.add(k0)), xp, next, kc)
+                    } else {
+                        tile4x4::<false>(wp.map(|p| p.add(k0)), xp, wp, kc)
+                    };
+                    for c in 0..tc {
+                        for (ri, a) in acc.iter().enumerate().take(rr) {
+                            let o = out.add((t + c) * n + r + ri);
+                            if k0 == 0 {
+                                *o = a[c];
+                            } else {
+                                *o += a[c];
+                            }
+                        }
                     }
+                    t += 4;
                 }
-                t += 4;
+                k0 += kc;
             }
             r += 4;
         }
@@ -126,10 +150,20 @@ mod avx512 {
     /// Dot products of 4 weight rows with 4 activation rows over `k` floats.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn tile4x4(w: [*const f32; 4], x: [*const f32; 4], k: usize) -> [[f32; 4]; 4] {
+    unsafe fn tile4x4<const PREFETCH: bool>(
+        w: [*const f32; 4],
+        x: [*const f32; 4],
+        next: [*const f32; 4],
+        k: usize,
+    ) -> [[f32; 4]; 4] {
         let mut acc = [[_mm512_setzero_ps(); 4]; 4];
         let mut i = 0;
         while i + 16 <= k {
+            if PREFETCH {
+                for p in next {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(i) as *const i8);
+                }
+            }
             let wv = [
                 _mm512_loadu_ps(w[0].add(i)),
                 _mm512_loadu_ps(w[1].add(i)),
