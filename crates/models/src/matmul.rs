@@ -207,6 +207,22 @@ mod avx512 {
 mod tests {
     use super::*;
 
+    /// The path CPUs without AVX-512 take, checked on every machine.
+    #[test]
+    fn portable_path_matches_naive() {
+        let (t, n, k) = (5, 9, 37);
+        let x: Vec<f32> = (0..t * k).map(|i| (i as f32 * 0.3).sin()).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.7).cos()).collect();
+        let mut out = vec![f32::NAN; t * n];
+        portable_block(&x, &w, k, n, (0, n), (0, t), OutPtr(out.as_mut_ptr()));
+        for a in 0..t {
+            for b in 0..n {
+                let want: f32 = (0..k).map(|i| x[a * k + i] * w[b * k + i]).sum();
+                assert!((out[a * n + b] - want).abs() < 1e-4);
+            }
+        }
+    }
+
     #[test]
     fn matches_naive_for_ragged_shapes() {
         for (t, n, k) in [
