@@ -182,7 +182,10 @@ impl Qwen3Config {
                 return Err(err(field, "must be positive".into()));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(err(
                 "num_key_value_heads",
                 format!(
@@ -191,7 +194,7 @@ impl Qwen3Config {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(err("head_dim", "must be even for RoPE".into()));
         }
         if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {

@@ -3,49 +3,71 @@
 
 use std::sync::OnceLock;
 
-use candle_core::{Device, Storage, Tensor};
+use candle_core::{Storage, Tensor};
 use rayon::prelude::*;
 
 use crate::config::{Qwen3Config, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::matmul::matmul_xwt;
 use crate::simd;
 
-/// Up to this many activation rows a linear layer runs as a threaded
-/// matrix-vector product over weight rows; above it, candle's gemm.
+/// Whether a product with `t` activation rows runs on [`matmul_xwt`] rather
+/// than candle's gemm.
 ///
-/// Why: decode steps multiply a handful of rows by large weights. That is
-/// memory-bound, and candle's gemm runs it on one core (the 151,936-row output
-/// projection alone took 63 ms per token; ENVIRONMENT.md). Streaming weight
-/// rows across all cores, each row dotted with every activation row while it
-/// is in cache, reads the weights once at full bandwidth. With many rows the
-/// problem becomes compute-bound and gemm's blocked kernels win.
-/// `AGENTD_GEMV_MAX_ROWS` overrides the default (for benchmarking).
-fn gemv_max_rows() -> usize {
+/// Why: decode steps multiply a handful of rows by large weights. candle's
+/// gemm runs AVX2 kernels only and does badly on few rows (the 151,936-row
+/// output projection alone took 63 ms per token; ENVIRONMENT.md), while
+/// `matmul_xwt` streams weight rows across all cores and, with AVX-512, is
+/// 1.4-2.5x faster up to a few dozen rows. Past ~64 rows the activations
+/// no longer stay in L2 across its weight-row tasks and gemm's packed blocking
+/// wins (prefill at batch 32 x 32 tokens: 0.9x stock with ours, 1.1-1.3x with
+/// gemm). Without AVX-512 it only wins for a few rows.
+/// `AGENTD_GEMV_MAX_ROWS` overrides the cut-off (benchmarks).
+fn use_own_matmul(t: usize) -> bool {
     static V: OnceLock<usize> = OnceLock::new();
-    *V.get_or_init(|| {
+    let max = *V.get_or_init(|| {
+        let default = if has_avx512() { 64 } else { 8 };
         std::env::var("AGENTD_GEMV_MAX_ROWS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(8)
-    })
+            .unwrap_or(default)
+    });
+    t <= max
 }
 
-/// Weight rows per rayon task in the matrix-vector path.
-const ROWS_PER_TASK: usize = 32;
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// `y = x W^T (+ b)` with W `[out, in]` as stored by Hugging Face.
+///
+/// Activations are plain `[T, in]` f32 slices: the decoder keeps its hidden
+/// state in `Vec<f32>` so that no candle elementwise op (each a round trip
+/// through candle's spinning thread pool, which competes with the matmul
+/// threads for the cores) sits in the per-token path.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: Tensor,
-    bias: Option<Tensor>,
+    bias: Option<Vec<f32>>,
     in_dim: usize,
     out_dim: usize,
 }
 
 impl Linear {
-    /// `weight` must be a contiguous f32 `[out, in]` tensor (as the loader gives).
+    /// `weight` must be an f32 `[out, in]` tensor (as the loader gives).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
         let (out_dim, in_dim) = weight.dims2()?;
+        let bias = match bias {
+            Some(b) => Some(b.flatten_all()?.to_vec1::<f32>()?),
+            None => None,
+        };
         Ok(Linear {
             weight: weight.contiguous()?,
             bias,
@@ -58,63 +80,78 @@ impl Linear {
         self.out_dim
     }
 
-    /// `x`: `[T, in]` f32 → `[T, out]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (t, k) = x.dims2()?;
-        if k != self.in_dim {
+    /// `x`: `[T, in]` → `[T, out]`.
+    pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let k = self.in_dim;
+        if !x.len().is_multiple_of(k) {
             return Err(ModelError::Batch(format!(
-                "linear layer expects {} inputs, got {k}",
-                self.in_dim
+                "linear layer expects rows of {k} inputs, got {} values",
+                x.len()
             )));
         }
-        let y = if t <= gemv_max_rows() {
-            self.forward_gemv(x, t)?
-        } else {
-            x.matmul(&self.weight.t()?)?
-        };
-        match &self.bias {
-            Some(b) => Ok(y.broadcast_add(b)?),
-            None => Ok(y),
-        }
-    }
-
-    fn forward_gemv(&self, x: &Tensor, t: usize) -> Result<Tensor> {
-        let (k, n) = (self.in_dim, self.out_dim);
-        let xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
-        let (storage, layout) = self.weight.storage_and_layout();
-        let w = match &*storage {
-            Storage::Cpu(cpu) => &cpu.as_slice::<f32>()?[layout.start_offset()..],
-            _ => {
-                return Err(ModelError::Batch(
-                    "the CPU linear layer needs CPU weights".into(),
-                ))
-            }
-        };
-        // Output computed transposed, `[out, T]`, so each task owns one
-        // contiguous run of it.
-        let mut out_t = vec![0f32; n * t];
-        out_t
-            .par_chunks_mut(ROWS_PER_TASK * t)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                for (ri, o) in chunk.chunks_mut(t).enumerate() {
-                    let r = ci * ROWS_PER_TASK + ri;
-                    simd::dot_rows(&xs, &w[r * k..(r + 1) * k], o);
-                }
-            });
-        let out = if t == 1 {
-            out_t
-        } else {
-            let mut out = vec![0f32; n * t];
-            for (r, row) in out_t.chunks(t).enumerate() {
-                for (j, &v) in row.iter().enumerate() {
-                    out[j * n + r] = v;
-                }
-            }
+        let t = x.len() / k;
+        let mut y = if use_own_matmul(t) {
+            let mut out = vec![0f32; t * self.out_dim];
+            with_f32(&self.weight, |w| {
+                matmul_xwt(x, t, w, self.out_dim, k, &mut out)
+            })?;
             out
+        } else {
+            let xt = Tensor::from_slice(x, (t, k), self.weight.device())?;
+            xt.matmul(&self.weight.t()?)?.flatten_all()?.to_vec1()?
         };
-        Ok(Tensor::from_vec(out, (t, n), x.device())?)
+        if let Some(b) = &self.bias {
+            for row in y.chunks_mut(self.out_dim) {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+        }
+        Ok(y)
     }
+}
+
+/// Runs `f` on the f32 contents of a contiguous CPU tensor, without copying.
+pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        return Err(ModelError::Batch("expected a contiguous tensor".into()));
+    };
+    match &*storage {
+        Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<f32>()?[start..end])),
+        _ => Err(ModelError::Batch("expected a CPU tensor".into())),
+    }
+}
+
+/// RMSNorm of each `weight.len()`-wide row of `x` (as transformers: f32,
+/// `x * rsqrt(mean(x²) + eps) * weight`).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let d = weight.len();
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .with_min_len(8)
+        .for_each(|(o, xr)| {
+            let inv = 1.0 / (simd::dot(xr, xr) / d as f32 + eps).sqrt();
+            for ((o, v), w) in o.iter_mut().zip(xr).zip(weight) {
+                *o = v * inv * w;
+            }
+        });
+    out
+}
+
+/// `x += y`.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    simd::axpy(x, 1.0, y);
+}
+
+/// `gate = silu(gate) * up` (SwiGLU).
+pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
+    gate.par_chunks_mut(4096)
+        .zip(up.par_chunks(4096))
+        .for_each(|(g, u)| {
+            for (g, u) in g.iter_mut().zip(u) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+        });
 }
 
 /// RoPE angles of one batch's positions, shared by all layers of a step.
@@ -194,9 +231,4 @@ pub fn head_norm_rope(
 /// The f32 contents of a (small) tensor.
 pub fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_vec1()?)
-}
-
-/// The device all tensors of the CPU runtime live on.
-pub fn cpu() -> Device {
-    Device::Cpu
 }

@@ -13,8 +13,11 @@ pub mod attention;
 pub mod batch;
 pub mod config;
 pub mod error;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod layers;
 pub mod loader;
+mod matmul;
 pub mod qwen3;
 pub mod sampling;
 mod simd;

@@ -9,14 +9,16 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::ops::rms_norm;
+use candle_core::{Device, Tensor};
 
 use crate::attention::{paged_attention, AttentionShape, KvCacheConfig, PagedKvCache};
 use crate::batch::BatchInput;
 use crate::config::Qwen3Config;
 use crate::error::Result;
-use crate::layers::{head_norm_rope, inv_freq, to_f32_vec, Linear, RopeBatch};
+use crate::layers::{
+    add_in_place, head_norm_rope, inv_freq, rms_norm, silu_mul_in_place, to_f32_vec, with_f32,
+    Linear, RopeBatch,
+};
 use crate::loader::Weights;
 
 struct Attention {
@@ -38,9 +40,9 @@ struct Mlp {
 }
 
 struct DecoderLayer {
-    input_layernorm: Tensor,
+    input_layernorm: Vec<f32>,
     self_attn: Attention,
-    post_attention_layernorm: Tensor,
+    post_attention_layernorm: Vec<f32>,
     mlp: Mlp,
 }
 
@@ -49,7 +51,7 @@ pub struct Qwen3Model {
     cfg: Qwen3Config,
     embed_tokens: Tensor,
     layers: Vec<DecoderLayer>,
-    norm: Tensor,
+    norm: Vec<f32>,
     lm_head: Linear,
     inv_freq: Vec<f32>,
     device: Device,
@@ -87,20 +89,21 @@ impl Attention {
         })
     }
 
+    /// `x`: normed hidden states `[T, hidden]` → attention output `[T, hidden]`.
     fn forward(
         &self,
-        x: &Tensor,
+        x: &[f32],
         layer: usize,
         batch: &BatchInput,
         rope: &RopeBatch,
         eps: f32,
         cache: &mut PagedKvCache,
-    ) -> Result<Tensor> {
+    ) -> Result<Vec<f32>> {
         let t = batch.num_tokens();
         let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let mut q = to_f32_vec(&self.q_proj.forward(x)?)?;
-        let mut k = to_f32_vec(&self.k_proj.forward(x)?)?;
-        let v = to_f32_vec(&self.v_proj.forward(x)?)?;
+        let mut q = self.q_proj.forward(x)?;
+        let mut k = self.k_proj.forward(x)?;
+        let v = self.v_proj.forward(x)?;
         head_norm_rope(&mut q, h, d, &self.q_norm, eps, rope);
         head_norm_rope(&mut k, kv, d, &self.k_norm, eps, rope);
         // New K/V go into the cache first, so the kernel reads a sequence's
@@ -115,7 +118,6 @@ impl Attention {
         let mut out = vec![0f32; t * h * d];
         let scale = 1.0 / (d as f32).sqrt();
         paged_attention(&q, cache.layer(layer), batch, shape, scale, &mut out);
-        let out = Tensor::from_vec(out, (t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }
 }
@@ -130,10 +132,11 @@ impl Mlp {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = self.gate_proj.forward(x)?.silu()?;
+    fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let mut gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
-        self.down_proj.forward(&(gate * up)?)
+        silu_mul_in_place(&mut gate, &up);
+        self.down_proj.forward(&gate)
     }
 }
 
@@ -154,14 +157,17 @@ impl Qwen3Model {
             let p = format!("model.layers.{i}");
             tracing::debug!(layer = i, "loading decoder layer");
             layers.push(DecoderLayer {
-                input_layernorm: w.get(&format!("{p}.input_layernorm.weight"), &[hid])?,
+                input_layernorm: to_f32_vec(
+                    &w.get(&format!("{p}.input_layernorm.weight"), &[hid])?,
+                )?,
                 self_attn: Attention::load(w, &format!("{p}.self_attn"), &cfg)?,
-                post_attention_layernorm: w
-                    .get(&format!("{p}.post_attention_layernorm.weight"), &[hid])?,
+                post_attention_layernorm: to_f32_vec(
+                    &w.get(&format!("{p}.post_attention_layernorm.weight"), &[hid])?,
+                )?,
                 mlp: Mlp::load(w, &format!("{p}.mlp"), &cfg)?,
             });
         }
-        let norm = w.get("model.norm.weight", &[hid])?;
+        let norm = to_f32_vec(&w.get("model.norm.weight", &[hid])?)?;
         // Tied checkpoints may or may not also store lm_head.weight;
         // transformers uses the embeddings either way.
         let lm_head = if cfg.tie_word_embeddings {
@@ -200,29 +206,40 @@ impl Qwen3Model {
             self.cfg.vocab_size,
         )?;
         let eps = self.cfg.rms_norm_eps as f32;
-        let t = batch.num_tokens();
-        let ids = Tensor::from_slice(&batch.token_ids, t, &self.device)?;
-        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        let hid = self.cfg.hidden_size;
+        // Hidden states `[T, hidden]`, starting from the embedding rows.
+        let mut x = with_f32(&self.embed_tokens, |e| {
+            let mut x = Vec::with_capacity(batch.num_tokens() * hid);
+            for &id in &batch.token_ids {
+                let id = id as usize;
+                x.extend_from_slice(&e[id * hid..(id + 1) * hid]);
+            }
+            x
+        })?;
         let rope = RopeBatch::new(&self.inv_freq, &batch.positions);
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &layer.input_layernorm, eps)?;
+            let h = rms_norm(&x, &layer.input_layernorm, eps);
             let a = layer.self_attn.forward(&h, i, batch, &rope, eps, cache)?;
-            x = (x + a)?;
-            let h = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
-            x = (&x + layer.mlp.forward(&h)?)?;
-        }
-        if batch.logits_indices.is_empty() {
-            return Ok(Tensor::zeros(
-                (0, self.cfg.vocab_size),
-                DType::F32,
-                &self.device,
-            )?);
+            add_in_place(&mut x, &a);
+            let h = rms_norm(&x, &layer.post_attention_layernorm, eps);
+            add_in_place(&mut x, &layer.mlp.forward(&h)?);
         }
         // Only the rows that need logits go through the norm and the (large)
         // output projection.
-        let idx: Vec<u32> = batch.logits_indices.iter().map(|&i| i as u32).collect();
-        let idx = Tensor::from_vec(idx, batch.logits_indices.len(), &self.device)?;
-        let last = rms_norm(&x.index_select(&idx, 0)?, &self.norm, eps)?;
-        self.lm_head.forward(&last)
+        let mut last = Vec::with_capacity(batch.logits_indices.len() * hid);
+        for &i in &batch.logits_indices {
+            last.extend_from_slice(&x[i * hid..(i + 1) * hid]);
+        }
+        let n = batch.logits_indices.len();
+        let logits = if n == 0 {
+            Vec::new()
+        } else {
+            self.lm_head.forward(&rms_norm(&last, &self.norm, eps))?
+        };
+        Ok(Tensor::from_vec(
+            logits,
+            (n, self.cfg.vocab_size),
+            &self.device,
+        )?)
     }
 }
