@@ -28,8 +28,14 @@ const DEFAULT_MODEL_NAME: &str = "agentd-tiny-qwen3";
 pub struct ServeArgs {
     /// Hugging Face model directory (config.json, *.safetensors,
     /// tokenizer.json, tokenizer_config.json). Default: the embedded tiny Qwen3.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model_path")]
     pub model: Option<PathBuf>,
+    /// The model directory, as a positional argument (like `vllm serve MODEL`).
+    #[arg(value_name = "MODEL")]
+    pub model_path: Option<PathBuf>,
+    /// Cap on prompt + output tokens (default: the model's window).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// 0 picks a free port (the address is logged).
@@ -61,7 +67,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let (model_dir, default_name) = match &args.model {
+    let (model_dir, default_name) = match args.model.as_ref().or(args.model_path.as_ref()) {
         Some(dir) => {
             let name = dir
                 .canonicalize()
@@ -80,6 +86,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_waiting: args.max_waiting,
         scheduler: args.sched.to_config(args.scheduler),
+        max_model_len: args.max_model_len,
         ..EngineConfig::default()
     };
     tracing::info!(?cfg, "starting engine");

@@ -17,6 +17,9 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Salt of the prefix-cache hashes.
     pub cache_salt: u64,
+    /// Cap on prompt + output tokens, below the model's own window
+    /// (`max_position_embeddings`); `None` uses the model's.
+    pub max_model_len: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -29,6 +32,7 @@ impl Default for EngineConfig {
             max_waiting: 1024,
             scheduler: SchedulerConfig::default(),
             cache_salt: 0,
+            max_model_len: None,
         }
     }
 }

@@ -29,6 +29,7 @@ struct Inner {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     config: Qwen3Config,
+    max_model_len: usize,
 }
 
 impl Drop for Inner {
@@ -94,10 +95,13 @@ impl Engine {
             ));
         }
         let mc = model.config().clone();
+        let max_len = cfg.max_model_len.map_or(mc.max_position_embeddings, |m| {
+            m.min(mc.max_position_embeddings)
+        });
         let core = Core::new(
             cfg.clone(),
             mc.eos_token_ids.clone(),
-            mc.max_position_embeddings,
+            max_len,
             mc.vocab_size,
         );
         let shared = Arc::new(Shared {
@@ -125,6 +129,7 @@ impl Engine {
                 shared,
                 threads: Mutex::new(threads),
                 config: mc,
+                max_model_len: max_len,
             }),
         })
     }
@@ -152,6 +157,11 @@ impl Engine {
 
     pub fn programs(&self) -> Vec<ProgramStatus> {
         self.inner.shared.lock().program_status()
+    }
+
+    /// Longest prompt + output a request may have.
+    pub fn max_model_len(&self) -> usize {
+        self.inner.max_model_len
     }
 
     pub fn model_config(&self) -> &Qwen3Config {

@@ -227,6 +227,19 @@ fn bad_requests_are_refused_with_a_reason() {
             max: 128
         }
     ));
+    let capped = Engine::start(
+        &fixture("gqa2-untied"),
+        EngineConfig {
+            max_model_len: Some(64),
+            ..EngineConfig::default()
+        },
+    )
+    .expect("starts");
+    assert_eq!(capped.max_model_len(), 64);
+    assert!(matches!(
+        capped.submit(request(None, vec![1; 60], 8)).err(),
+        Some(EngineError::ContextTooLong { max: 64, .. })
+    ));
     let small = engine(PolicyKind::Program, 2);
     assert!(matches!(
         small.submit(request(None, vec![1; 40], 8)).err(),

@@ -83,7 +83,7 @@ impl AppState {
             );
             None
         };
-        let max_model_len = engine.model_config().max_position_embeddings;
+        let max_model_len = engine.max_model_len();
         Ok(AppState {
             engine,
             tokenizer: Arc::new(tokenizer),
