@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// KV blocks per replica.
     #[arg(long, default_value_t = EngineConfig::default().num_blocks)]
     pub num_kv_blocks: usize,
+    /// KV cache memory per replica in bytes (e.g. 2000000000); sizes the pool
+    /// from the model's bytes per block instead of --num-kv-blocks.
+    #[arg(long)]
+    pub kv_cache_memory: Option<u64>,
     /// Token budget of one engine step (decode tokens + prefill chunks).
     #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
     pub max_num_batched_tokens: usize,
@@ -79,9 +83,31 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => (default_model()?, DEFAULT_MODEL_NAME.to_string()),
     };
     let name = args.served_model_name.clone().unwrap_or(default_name);
+    let num_blocks = match args.kv_cache_memory {
+        Some(bytes) => {
+            let mc = agentd_models::Qwen3Config::from_dir(&model_dir)
+                .with_context(|| format!("reading {}", model_dir.display()))?;
+            let per_block = agentd_models::KvCacheConfig::for_model(&mc, 1, args.sched.block_size)
+                .bytes_per_block()
+                .max(1);
+            let blocks = usize::try_from(bytes / per_block as u64).unwrap_or(usize::MAX);
+            anyhow::ensure!(
+                blocks > 0,
+                "--kv-cache-memory {bytes} holds no block ({per_block} bytes per block)"
+            );
+            tracing::info!(
+                bytes,
+                per_block,
+                blocks,
+                "KV pool sized from --kv-cache-memory"
+            );
+            blocks
+        }
+        None => args.num_kv_blocks,
+    };
     let cfg = EngineConfig {
         replicas: args.replicas,
-        num_blocks: args.num_kv_blocks,
+        num_blocks,
         block_size: args.sched.block_size,
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_waiting: args.max_waiting,
