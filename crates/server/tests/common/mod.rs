@@ -49,10 +49,14 @@ pub fn start(api_key: Option<&str>) -> SocketAddr {
 }
 
 pub fn start_with(api_key: Option<&str>, cfg: EngineConfig) -> SocketAddr {
-    let dir = model_dir();
+    start_dir(model_dir(), MODEL, api_key, cfg)
+}
+
+/// Starts a server for the model in `dir`, served as `name`.
+pub fn start_dir(dir: &Path, name: &str, api_key: Option<&str>, cfg: EngineConfig) -> SocketAddr {
     let engine = Engine::start(dir, cfg).expect("engine");
     let state = Arc::new(
-        AppState::new(engine, dir, MODEL.to_string(), api_key.map(str::to_string)).expect("state"),
+        AppState::new(engine, dir, name.to_string(), api_key.map(str::to_string)).expect("state"),
     );
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
