@@ -3,7 +3,7 @@
 //! under one mutex, for microseconds per step; nothing here touches tensors.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,6 +18,17 @@ use crate::{
     EngineConfig, EngineError, Event, FinishReason, GenerateRequest, ProgramStatus, Usage,
 };
 
+/// State a request shares with its caller's [`crate::RequestStream`].
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    /// Set by the caller to cancel (or by dropping the stream).
+    pub cancelled: AtomicBool,
+    /// Prompt tokens reused when the request first started, readable before
+    /// the final usage arrives (a caller that stops early on a stop string
+    /// still reports it).
+    pub cached_tokens: AtomicUsize,
+}
+
 /// One request of a program.
 pub(crate) struct Req {
     /// Prompt plus the tokens generated so far: what the KV must hold.
@@ -25,7 +36,7 @@ pub(crate) struct Req {
     pub prompt_len: usize,
     pub sampler: SequenceSampler,
     pub tx: UnboundedSender<Event>,
-    pub cancelled: Arc<AtomicBool>,
+    pub signals: Arc<Signals>,
     /// Prompt tokens reused when it first started (reported in usage).
     pub cached_tokens: Option<usize>,
     /// Longest prefix of `tokens` ever computed, to count recomputation.
@@ -37,7 +48,7 @@ pub(crate) struct Req {
 
 impl Req {
     fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Relaxed) || self.tx.is_closed()
+        self.signals.cancelled.load(Ordering::Relaxed) || self.tx.is_closed()
     }
 }
 
@@ -127,7 +138,7 @@ impl Core {
         &mut self,
         req: GenerateRequest,
         tx: UnboundedSender<Event>,
-        cancelled: Arc<AtomicBool>,
+        signals: Arc<Signals>,
     ) -> Result<(), EngineError> {
         if self.shutdown {
             return Err(EngineError::ShuttingDown);
@@ -159,7 +170,7 @@ impl Core {
             tokens: req.prompt,
             sampler,
             tx,
-            cancelled,
+            signals,
             cached_tokens: None,
             max_computed: 0,
             arrived: Instant::now(),
@@ -262,7 +273,9 @@ impl Core {
         let recomputed = req.max_computed.saturating_sub(m.cached_tokens);
         self.counters.recomputed_tokens += recomputed as u64;
         if req.cached_tokens.is_none() {
-            req.cached_tokens = Some(m.cached_tokens.min(req.prompt_len));
+            let cached = m.cached_tokens.min(req.prompt_len);
+            req.cached_tokens = Some(cached);
+            req.signals.cached_tokens.store(cached, Ordering::Relaxed);
         }
         debug!(program = %p, replica = r, cached = m.cached_tokens, recomputed, "start");
         if !self.running[r].contains(&p) {

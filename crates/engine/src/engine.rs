@@ -1,7 +1,7 @@
 //! The engine handle: start workers, submit requests, observe.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -9,7 +9,7 @@ use agentd_models::{ModelError, Qwen3Config, Qwen3Model};
 use tokio::sync::mpsc;
 use tracing::info;
 
-use crate::core::Core;
+use crate::core::{Core, Signals};
 use crate::metrics::MetricsSnapshot;
 use crate::worker::{self, Shared};
 use crate::{EngineConfig, EngineError, Event, GenerateRequest, ProgramStatus};
@@ -54,12 +54,18 @@ pub struct Engine {
 /// notices at its next step boundary and frees what only it held.
 pub struct RequestStream {
     rx: mpsc::UnboundedReceiver<Event>,
-    cancelled: Arc<AtomicBool>,
+    signals: Arc<Signals>,
 }
 
 impl RequestStream {
     pub async fn next(&mut self) -> Option<Event> {
         self.rx.recv().await
+    }
+
+    /// Prompt tokens reused from the KV cache when the request first started
+    /// (0 until then). The final [`Event::Finished`] usage carries the same.
+    pub fn cached_tokens(&self) -> usize {
+        self.signals.cached_tokens.load(Ordering::Relaxed)
     }
 
     /// For callers outside an async runtime (tests, offline tools).
@@ -70,7 +76,7 @@ impl RequestStream {
 
 impl Drop for RequestStream {
     fn drop(&mut self) {
-        self.cancelled.store(true, Ordering::Relaxed);
+        self.signals.cancelled.store(true, Ordering::Relaxed);
     }
 }
 
@@ -138,13 +144,10 @@ impl Engine {
     /// requests already wait.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
-        self.inner
-            .shared
-            .lock()
-            .submit(req, tx, cancelled.clone())?;
+        let signals = Arc::new(Signals::default());
+        self.inner.shared.lock().submit(req, tx, signals.clone())?;
         self.inner.shared.wake_all();
-        Ok(RequestStream { rx, cancelled })
+        Ok(RequestStream { rx, signals })
     }
 
     /// Ends a program: its requests are cancelled, its KV released. False if

@@ -123,10 +123,14 @@ fn a_programs_next_turn_reuses_its_kv() {
     let mut next = prompt.clone();
     next.extend(&gen);
     next.extend([11, 12, 13, 14, 15]);
-    let (_, _, u2) = collect(
-        e.submit(request(Some("agent"), next.clone(), 4))
-            .expect("ok"),
-    );
+    let mut s2 = e
+        .submit(request(Some("agent"), next.clone(), 4))
+        .expect("ok");
+    // Readable as soon as the request starts, before the final usage (a
+    // server that stops early on a stop string reports it from here).
+    assert!(matches!(s2.blocking_next(), Some(Event::Token(_))));
+    assert_eq!(s2.cached_tokens(), prompt.len() + gen.len() - 1);
+    let (_, _, u2) = collect(s2);
     // Everything computed before is reused, including the partial last block;
     // only the last sampled token (never fed back) and the new tokens are new.
     assert_eq!(u2.cached_tokens, prompt.len() + gen.len() - 1);

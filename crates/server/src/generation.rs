@@ -115,12 +115,12 @@ impl Generation {
                     // The engine dropped the request without finishing it
                     // (shutdown): report what was generated as aborted.
                     tracing::warn!("engine stream closed without a finish event");
-                    self.stream = None;
+                    let cached = self.stream.take().map_or(0, |s| s.cached_tokens());
                     let text = self.stop.finish();
                     return Ok(Some(Step::Finished {
                         piece: self.piece(text, true),
                         reason: "abort",
-                        usage: self.usage_so_far(),
+                        usage: self.usage_so_far(cached),
                     }));
                 }
             }
@@ -151,21 +151,21 @@ impl Generation {
             completion_tokens = self.completion_tokens,
             "stop string matched; cancelling"
         );
-        self.stream = None;
+        let cached = self.stream.take().map_or(0, |s| s.cached_tokens());
         let piece = self.piece(text, false);
         // Tokens past the stop string are not part of the answer.
         self.pending.clear();
         Step::Finished {
             piece,
             reason: "stop",
-            // The engine's usage (and its cached-token count) went with the
-            // dropped stream; prompt and completion counts are exact here.
-            usage: self.usage_so_far(),
+            // The engine's final usage went with the dropped stream; the
+            // counts here are exact and the cached count was read before.
+            usage: self.usage_so_far(cached),
         }
     }
 
-    fn usage_so_far(&self) -> UsageInfo {
-        UsageInfo::new(self.prompt_tokens, self.completion_tokens, 0)
+    fn usage_so_far(&self, cached_tokens: usize) -> UsageInfo {
+        UsageInfo::new(self.prompt_tokens, self.completion_tokens, cached_tokens)
     }
 
     /// Wraps `text` with the logprobs of the tokens that start inside it

@@ -189,6 +189,40 @@ fn completions_text_tokens_stream_and_logprobs() {
 }
 
 #[test]
+fn stop_string_still_reports_cached_tokens() {
+    let addr = shared();
+    let prompt = "Once upon a time there was a compiler that never finished. ".repeat(6);
+    let base = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                      "ignore_eos": true, "program_id": "stopper"});
+    let first = post(addr, "/v1/completions", &base);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let full = first.json()["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 4, "{full:?}");
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let mut body = base.clone();
+    merge(&mut body, json!({"stop": [stop]}));
+    let r = post(addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // The same prompt again: all its full blocks are reused, even though the
+    // request ended on a stop string (the engine's final usage never arrives).
+    assert!(
+        cached >= prompt_tokens / 16 * 16 - 16,
+        "{cached} of {prompt_tokens}"
+    );
+    assert!(cached > 0);
+}
+
+#[test]
 fn stop_string_cuts_the_text() {
     let addr = shared();
     let base = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
