@@ -33,6 +33,13 @@ pub struct ServeArgs {
     /// The model directory, as a positional argument (like `vllm serve MODEL`).
     #[arg(value_name = "MODEL")]
     pub model_path: Option<PathBuf>,
+    /// Weight/compute dtype. The CPU runtime computes in float32 (bf16/f16
+    /// checkpoints are converted at load); `auto` means the same.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "f32"])]
+    pub dtype: String,
+    /// CPU threads per replica (default: the cores split between replicas).
+    #[arg(long)]
+    pub threads_per_replica: Option<usize>,
     /// Cap on prompt + output tokens (default: the model's window).
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -113,6 +120,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_waiting: args.max_waiting,
         scheduler: args.sched.to_config(args.scheduler),
         max_model_len: args.max_model_len,
+        threads_per_replica: args.threads_per_replica,
         ..EngineConfig::default()
     };
     tracing::info!(?cfg, "starting engine");

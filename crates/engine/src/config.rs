@@ -17,6 +17,9 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Salt of the prefix-cache hashes.
     pub cache_salt: u64,
+    /// CPU threads for each replica's model forward; `None` splits the
+    /// machine's cores evenly between the replicas.
+    pub threads_per_replica: Option<usize>,
     /// Cap on prompt + output tokens, below the model's own window
     /// (`max_position_embeddings`); `None` uses the model's.
     pub max_model_len: Option<usize>,
@@ -33,6 +36,7 @@ impl Default for EngineConfig {
             scheduler: SchedulerConfig::default(),
             cache_salt: 0,
             max_model_len: None,
+            threads_per_replica: None,
         }
     }
 }

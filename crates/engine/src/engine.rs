@@ -115,12 +115,22 @@ impl Engine {
             wake: (0..cfg.replicas).map(|_| Condvar::new()).collect(),
         });
         let mut threads = Vec::with_capacity(cfg.replicas);
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads_each = cfg
+            .threads_per_replica
+            .unwrap_or(cores / cfg.replicas)
+            .max(1);
         for r in 0..cfg.replicas {
             let cache = model.new_cache(cfg.num_blocks, cfg.block_size)?;
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads_each)
+                .thread_name(move |i| format!("agentd-r{r}-t{i}"))
+                .build()
+                .map_err(|e| StartError::Config(format!("thread pool: {e}")))?;
             let (s, m) = (shared.clone(), model.clone());
             let t = std::thread::Builder::new()
                 .name(format!("agentd-replica-{r}"))
-                .spawn(move || worker::run(r, s, m, cache))?;
+                .spawn(move || worker::run(r, s, m, cache, pool))?;
             threads.push(t);
         }
         info!(

@@ -33,8 +33,19 @@ impl Shared {
     }
 }
 
-pub(crate) fn run(r: usize, shared: Arc<Shared>, model: Arc<Qwen3Model>, mut cache: PagedKvCache) {
-    info!(replica = r, blocks = cache.num_blocks(), "worker started");
+pub(crate) fn run(
+    r: usize,
+    shared: Arc<Shared>,
+    model: Arc<Qwen3Model>,
+    mut cache: PagedKvCache,
+    pool: rayon::ThreadPool,
+) {
+    info!(
+        replica = r,
+        blocks = cache.num_blocks(),
+        threads = pool.current_num_threads(),
+        "worker started"
+    );
     loop {
         let plan = {
             let mut core = shared.lock();
@@ -55,7 +66,9 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, model: Arc<Qwen3Model>, mut cac
         };
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
-        let result = forward(&model, &mut cache, &plan);
+        // Each replica computes on its own share of the cores, so replicas
+        // do not fight over one pool.
+        let result = pool.install(|| forward(&model, &mut cache, &plan));
         let mut core = shared.lock();
         match result {
             Ok(rows) => core.commit(r, &plan, &rows),

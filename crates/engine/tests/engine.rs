@@ -278,3 +278,35 @@ fn overload_gets_back_pressure() {
         "{refused:?}"
     );
 }
+
+#[test]
+fn two_replicas_share_one_queue_and_match_greedy() {
+    let cfg = EngineConfig {
+        replicas: 2,
+        num_blocks: 64,
+        max_num_batched_tokens: 64,
+        threads_per_replica: Some(1),
+        ..EngineConfig::default()
+    };
+    let e = Engine::start(&fixture("gqa2-untied"), cfg).expect("engine starts");
+    let cases = golden("gqa2-untied");
+    let streams: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (prompt, want))| {
+            e.submit(request(Some(&format!("r{i}")), prompt.clone(), want.len()))
+                .expect("accepted")
+        })
+        .collect();
+    for (s, (_, want)) in streams.into_iter().zip(&cases) {
+        assert_eq!(&collect(s).0, want);
+    }
+    let replicas: std::collections::BTreeSet<Option<usize>> =
+        e.programs().iter().map(|p| p.replica).collect();
+    assert_eq!(
+        replicas.len(),
+        2,
+        "programs were placed on both replicas: {:?}",
+        e.programs()
+    );
+}
