@@ -216,11 +216,12 @@ impl ChatStream {
             out.push(self.chunk(true, first, None, None));
             return Some(out);
         }
-        match self.gen.next().await {
+        let ended = match self.gen.next().await {
             Ok(Some(Step::Piece(p))) => {
                 self.pending_logprobs.extend(p.logprobs);
                 let d = self.parser.push(&p.text);
                 self.deltas(d, &mut out);
+                false
             }
             Ok(Some(Step::Finished {
                 piece,
@@ -240,19 +241,20 @@ impl ChatStream {
                 if self.include_usage {
                     out.push(self.usage_chunk(usage));
                 }
-                out.push(Bytes::from_static(sse::DONE));
-                self.done = true;
+                true
             }
-            Ok(None) => {
-                out.push(Bytes::from_static(sse::DONE));
-                self.done = true;
-            }
+            Ok(None) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "chat stream failed");
                 out.push(sse::event(&e.body()));
-                out.push(Bytes::from_static(sse::DONE));
-                self.done = true;
+                true
             }
+        };
+        // However the stream ends (finished, engine gone, error), the
+        // terminator goes out once.
+        if ended {
+            out.push(Bytes::from_static(sse::DONE));
+            self.done = true;
         }
         Some(out)
     }

@@ -192,8 +192,11 @@ impl CompletionStream {
             return None;
         }
         let mut out = Vec::new();
-        match self.gen.next().await {
-            Ok(Some(Step::Piece(p))) => out.push(self.chunk(p, None)),
+        let ended = match self.gen.next().await {
+            Ok(Some(Step::Piece(p))) => {
+                out.push(self.chunk(p, None));
+                false
+            }
             Ok(Some(Step::Finished {
                 piece,
                 reason,
@@ -203,19 +206,20 @@ impl CompletionStream {
                 if self.include_usage {
                     out.push(self.usage_chunk(usage));
                 }
-                out.push(Bytes::from_static(sse::DONE));
-                self.done = true;
+                true
             }
-            Ok(None) => {
-                out.push(Bytes::from_static(sse::DONE));
-                self.done = true;
-            }
+            Ok(None) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "completion stream failed");
                 out.push(sse::event(&e.body()));
-                out.push(Bytes::from_static(sse::DONE));
-                self.done = true;
+                true
             }
+        };
+        // However the stream ends (finished, engine gone, error), the
+        // terminator goes out once.
+        if ended {
+            out.push(Bytes::from_static(sse::DONE));
+            self.done = true;
         }
         Some(out)
     }
