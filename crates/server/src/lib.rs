@@ -11,6 +11,7 @@
 //!   errors with their HTTP status.
 
 pub mod app;
+pub mod choices;
 pub mod error;
 pub mod generation;
 pub mod metrics;
