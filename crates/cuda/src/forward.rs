@@ -54,13 +54,29 @@ impl GpuQwen3 {
     /// One step: writes the new tokens' K/V through the slot mapping and
     /// returns f32 logits `[batch.logits_indices.len() * vocab]`, row-major.
     pub fn forward(&self, batch: &BatchInput, cache: &mut GpuKvCache) -> Result<Vec<f32>> {
-        match self.forward_device(batch, cache)? {
-            Some(l) => self.gpu.download(&l.logits),
-            None => {
-                self.gpu.synchronize()?;
-                Ok(Vec::new())
-            }
-        }
+        Ok(self.forward_rows(batch, cache)?.concat())
+    }
+
+    /// [`Self::forward`] as one row of `vocab` logits per logits index: what
+    /// the engine's sampler takes. The logits come back through a pinned
+    /// buffer, copied once into the rows.
+    pub fn forward_rows(
+        &self,
+        batch: &BatchInput,
+        cache: &mut GpuKvCache,
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(l) = self.forward_device(batch, cache)? else {
+            self.gpu.synchronize()?;
+            return Ok(Vec::new());
+        };
+        let vocab = self.cfg.vocab_size;
+        let mut pinned = self
+            .pinned
+            .lock()
+            .map_err(|_| CudaError::Unsupported("pinned buffer lock poisoned".into()))?;
+        self.gpu.download_pinned(&l.logits, &mut pinned, |v| {
+            v.chunks(vocab).map(<[f32]>::to_vec).collect()
+        })
     }
 
     /// [`Self::forward`] without the download: the work is queued on the

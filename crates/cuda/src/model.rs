@@ -81,6 +81,8 @@ pub struct GpuQwen3 {
     /// Activation buffers reused across steps (grown on demand): one model
     /// runs on one stream, so steps never overlap.
     pub(crate) workspace: std::sync::Mutex<Option<Workspace>>,
+    /// Page-locked host buffer the logits come back through.
+    pub(crate) pinned: std::sync::Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
 }
 
 fn check_config(cfg: &Qwen3Config) -> Result<()> {
@@ -158,6 +160,7 @@ impl GpuQwen3 {
             layers,
             cos_sin,
             workspace: Default::default(),
+            pinned: Default::default(),
         })
     }
 
@@ -211,6 +214,7 @@ impl GpuQwen3 {
             layers,
             cos_sin,
             workspace: Default::default(),
+            pinned: Default::default(),
         })
     }
 

@@ -38,12 +38,9 @@ fn to_model_error(e: CudaError) -> ModelError {
 
 impl StepRunner for GpuRunner {
     fn step(&mut self, batch: &BatchInput) -> agentd_models::Result<Vec<Vec<f32>>> {
-        let logits = self
-            .model
-            .forward(batch, &mut self.cache)
-            .map_err(to_model_error)?;
-        let vocab = self.model.config().vocab_size;
-        Ok(logits.chunks(vocab).map(<[f32]>::to_vec).collect())
+        self.model
+            .forward_rows(batch, &mut self.cache)
+            .map_err(to_model_error)
     }
 
     fn block_size(&self) -> usize {

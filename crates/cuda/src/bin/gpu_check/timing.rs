@@ -86,7 +86,7 @@ pub fn run(gpu: &Arc<Gpu>, batches: &[usize], context: usize, report: &mut Repor
                         / 1e3,
                 );
                 let t0 = Instant::now();
-                model.forward(&batch, &mut cache)?;
+                model.forward_rows(&batch, &mut cache)?;
                 wall.push(t0.elapsed().as_secs_f64());
             }
             let (step, full) = (median(dev), median(wall));
@@ -137,7 +137,7 @@ pub fn run(gpu: &Arc<Gpu>, batches: &[usize], context: usize, report: &mut Repor
         println!("prefill {line}");
         prefill.push(line);
     }
-    println!("\ndecode step vs HBM floor (device time by CUDA events; +logits: the f32 logits download a host sampler needs):");
+    println!("\ndecode step vs HBM floor (device time by CUDA events; +logits: the f32 logits rows a host sampler needs, through pinned memory):");
     for l in &table {
         println!("{l}");
     }
