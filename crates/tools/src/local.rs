@@ -1,0 +1,402 @@
+//! The local sandbox backend: directories under one root and process groups.
+//!
+//! Safety rules, checked when a resource is declared and again when it is
+//! reclaimed: a directory must resolve (symlinks followed, no `..`) to a path
+//! strictly inside the canonical sandbox root; a process must not be pid 1,
+//! the server itself or a member of the server's own process group. Only
+//! what was declared is ever signalled or removed.
+
+use std::io::ErrorKind;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use crate::backend::{Backend, BoxFuture};
+use crate::error::ToolError;
+use crate::resource::Resource;
+
+/// How often a terminating process group is checked.
+const POLL: Duration = Duration::from_millis(10);
+/// How long SIGKILLed processes get to disappear.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+pub struct LocalSandbox {
+    /// Canonical; `None` refuses every directory.
+    root: Option<PathBuf>,
+    /// Between SIGTERM and SIGKILL.
+    grace: Duration,
+}
+
+impl LocalSandbox {
+    /// `root` must be an existing directory; it is canonicalised once here.
+    pub fn new(root: Option<&Path>, grace: Duration) -> Result<Self, ToolError> {
+        let root = match root {
+            Some(r) => {
+                let c = r
+                    .canonicalize()
+                    .map_err(|e| ToolError::io(format!("sandbox root {}", r.display()), e))?;
+                if !c.is_dir() {
+                    return Err(ToolError::Invalid {
+                        what: "sandbox root",
+                        reason: format!("{} is not a directory", c.display()),
+                    });
+                }
+                Some(c)
+            }
+            None => None,
+        };
+        info!(root = ?root, grace_ms = grace.as_millis() as u64, "local sandbox backend");
+        Ok(Self { root, grace })
+    }
+
+    pub fn root(&self) -> Option<&Path> {
+        self.root.as_deref()
+    }
+
+    /// The canonical form of `p` (relative paths are taken under the root),
+    /// or a refusal if it is not strictly inside the root. The path need not
+    /// exist yet: its deepest existing ancestor is canonicalised and the rest
+    /// (which has no `..` and, not existing, no symlinks) appended.
+    pub fn check_dir(&self, p: &Path) -> Result<PathBuf, ToolError> {
+        let shown = p.display();
+        let Some(root) = &self.root else {
+            return Err(ToolError::refused(
+                format!("dir {shown}"),
+                "no sandbox root is configured (start the server with --sandbox-root DIR)",
+            ));
+        };
+        if p.components().any(|c| matches!(c, Component::ParentDir)) {
+            return Err(ToolError::refused(
+                format!("dir {shown}"),
+                "`..` is not allowed in sandbox paths",
+            ));
+        }
+        let full = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            root.join(p)
+        };
+        let mut existing = full.as_path();
+        let mut rest = Vec::new();
+        let base = loop {
+            match existing.canonicalize() {
+                Ok(c) => break c,
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    let (Some(parent), Some(name)) = (existing.parent(), existing.file_name())
+                    else {
+                        return Err(ToolError::refused(
+                            format!("dir {shown}"),
+                            "no part of the path exists",
+                        ));
+                    };
+                    // A dangling symlink is "not found" too, yet it exists:
+                    // never build on top of one.
+                    if existing.symlink_metadata().is_ok() {
+                        return Err(ToolError::refused(
+                            format!("dir {shown}"),
+                            "it is a dangling symlink",
+                        ));
+                    }
+                    rest.push(name.to_os_string());
+                    existing = parent;
+                }
+                Err(e) => return Err(ToolError::io(format!("resolving {shown}"), e)),
+            }
+        };
+        let mut c = base;
+        for name in rest.iter().rev() {
+            c.push(name);
+        }
+        if !c.starts_with(root) || c == *root {
+            debug!(path = %shown, resolved = %c.display(), root = %root.display(), "refused: outside the sandbox root");
+            return Err(ToolError::refused(
+                format!("dir {shown}"),
+                format!(
+                    "it resolves to {}, not inside the sandbox root {}",
+                    c.display(),
+                    root.display()
+                ),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// Resolves a declared pid: a group leader is reclaimed as its group,
+    /// any other process alone.
+    pub fn check_pid(&self, pid: i32) -> Result<Resource, ToolError> {
+        let what = format!("pid {pid}");
+        if pid <= 1 {
+            return Err(ToolError::refused(what, "pids <= 1 are never signalled"));
+        }
+        // SAFETY: getpid/getpgrp/getpgid only read process state.
+        let (me, my_group, group) =
+            unsafe { (libc::getpid(), libc::getpgrp(), libc::getpgid(pid)) };
+        if pid == me {
+            return Err(ToolError::refused(what, "it is the server itself"));
+        }
+        if group < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(ToolError::refused(what, format!("no such process ({e})")));
+        }
+        if group == my_group || group <= 1 {
+            return Err(ToolError::refused(what, "it is in the server's own process group (start tools with setsid / process_group(0))"));
+        }
+        Ok(if group == pid {
+            Resource::ProcessGroup(pid)
+        } else {
+            Resource::Process(pid)
+        })
+    }
+
+    async fn remove_dir(&self, p: &Path) -> Result<(), ToolError> {
+        // Checked again: a component may have been swapped for a symlink
+        // since the declaration.
+        let again = self.check_dir(p)?;
+        if again != p {
+            return Err(ToolError::refused(
+                format!("dir {}", p.display()),
+                format!(
+                    "it now resolves to {} (a symlink appeared); left in place",
+                    again.display()
+                ),
+            ));
+        }
+        let path = p.to_path_buf();
+        let r = tokio::task::spawn_blocking(move || {
+            match std::fs::symlink_metadata(&path) {
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(e),
+                // remove_dir_all never follows symlinks inside the tree.
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path).map(|()| true),
+                Ok(_) => std::fs::remove_file(&path).map(|()| true),
+            }
+        })
+        .await
+        .map_err(|e| ToolError::io("removing a directory", std::io::Error::other(e)))?;
+        match r {
+            Ok(existed) => {
+                debug!(path = %p.display(), existed, "directory removed");
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ToolError::io(format!("removing {}", p.display()), e)),
+        }
+    }
+
+    /// SIGTERM, wait up to the grace period, SIGKILL, wait again.
+    async fn kill(&self, target: Target) -> Result<(), ToolError> {
+        if !target.alive() {
+            debug!(?target, "already gone");
+            return Ok(());
+        }
+        target.signal(libc::SIGTERM)?;
+        if target.wait_gone(self.grace).await {
+            debug!(?target, "ended on SIGTERM");
+            return Ok(());
+        }
+        warn!(
+            ?target,
+            grace_ms = self.grace.as_millis() as u64,
+            "still alive after SIGTERM: SIGKILL"
+        );
+        target.signal(libc::SIGKILL)?;
+        if target.wait_gone(KILL_WAIT).await {
+            return Ok(());
+        }
+        Err(ToolError::StillAlive(format!(
+            "{target:?} survived SIGKILL"
+        )))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Group(i32),
+    Pid(i32),
+}
+
+impl Target {
+    fn signal(self, sig: i32) -> Result<(), ToolError> {
+        let id = match self {
+            Target::Group(g) => -g,
+            Target::Pid(p) => p,
+        };
+        // SAFETY: kill has no memory effects; `id` was admitted by check_pid
+        // (never <= 1, never our own group).
+        if unsafe { libc::kill(id, sig) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            return Ok(()); // gone meanwhile
+        }
+        Err(ToolError::io(format!("signal {sig} to {self:?}"), e))
+    }
+
+    /// Alive means: some member exists and is not a zombie (a zombie is dead;
+    /// only its parent's wait can remove it, and that parent is not us).
+    fn alive(self) -> bool {
+        match self {
+            Target::Pid(p) => proc_state(p).is_some_and(|(state, _)| state != 'Z' && state != 'X'),
+            Target::Group(g) => match group_members(g) {
+                Some(states) => states.iter().any(|&s| s != 'Z' && s != 'X'),
+                // No /proc: kill(0) cannot tell zombies apart, but it is the
+                // best there is.
+                // SAFETY: signal 0 only checks existence.
+                None => (unsafe { libc::kill(-g, 0) }) == 0,
+            },
+        }
+    }
+
+    async fn wait_gone(self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if !self.alive() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// (state, process group) of `pid` from /proc/PID/stat.
+fn proc_state(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid pgrp ...": comm may hold spaces and parentheses.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let mut f = after.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let _ppid = f.next()?;
+    let pgrp = f.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+/// States of every process in group `pgid`; `None` without /proc.
+fn group_members(pgid: i32) -> Option<Vec<char>> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    let mut states = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Some((s, g)) = proc_state(pid) {
+            if g == pgid {
+                states.push(s);
+            }
+        }
+    }
+    Some(states)
+}
+
+impl Backend for LocalSandbox {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn handles(&self, r: &Resource) -> bool {
+        matches!(
+            r,
+            Resource::Dir(_) | Resource::ProcessGroup(_) | Resource::Process(_)
+        )
+    }
+
+    fn admit(&self, r: Resource) -> Result<Resource, ToolError> {
+        match r {
+            Resource::Dir(p) => self.check_dir(&p).map(Resource::Dir),
+            Resource::Process(p) | Resource::ProcessGroup(p) => self.check_pid(p),
+            other => Err(ToolError::NoBackend(other.to_string())),
+        }
+    }
+
+    fn reclaim<'a>(&'a self, r: &'a Resource) -> BoxFuture<'a, Result<(), ToolError>> {
+        Box::pin(async move {
+            match r {
+                Resource::Dir(p) => self.remove_dir(p).await,
+                Resource::ProcessGroup(g) => self.kill(Target::Group(*g)).await,
+                Resource::Process(p) => self.kill(Target::Pid(*p)).await,
+                other => Err(ToolError::NoBackend(other.to_string())),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox() -> (tempfile::TempDir, LocalSandbox) {
+        let t = tempfile::tempdir().unwrap();
+        let s = LocalSandbox::new(Some(t.path()), Duration::from_millis(200)).unwrap();
+        (t, s)
+    }
+
+    #[test]
+    fn paths_must_stay_strictly_inside_the_root() {
+        let (t, s) = sandbox();
+        let root = t.path().canonicalize().unwrap();
+        assert_eq!(
+            s.check_dir(Path::new("p1/work")).unwrap(),
+            root.join("p1/work")
+        );
+        std::fs::create_dir(root.join("p2")).unwrap();
+        assert_eq!(s.check_dir(&root.join("p2")).unwrap(), root.join("p2"));
+        for bad in [
+            root.clone(),
+            root.join("p2/../../x"),
+            PathBuf::from("/etc"),
+            PathBuf::from("/"),
+        ] {
+            let e = s.check_dir(&bad).unwrap_err();
+            assert!(matches!(e, ToolError::Refused { .. }), "{bad:?}: {e}");
+        }
+        // A symlink inside the root that points outside is an escape.
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("esc")).unwrap();
+        let e = s.check_dir(&root.join("esc/sub")).unwrap_err();
+        assert!(e.to_string().contains("not inside the sandbox root"), "{e}");
+        std::os::unix::fs::symlink("/nonexistent-target", root.join("dangling")).unwrap();
+        assert!(s.check_dir(&root.join("dangling/x")).is_err());
+        let none = LocalSandbox::new(None, Duration::ZERO).unwrap();
+        assert!(none
+            .check_dir(Path::new("/tmp/x"))
+            .unwrap_err()
+            .to_string()
+            .contains("--sandbox-root"));
+    }
+
+    #[test]
+    fn pids_that_must_never_be_signalled_are_refused() {
+        let (_t, s) = sandbox();
+        for pid in [-5, 0, 1, std::process::id() as i32] {
+            assert!(
+                matches!(s.check_pid(pid), Err(ToolError::Refused { .. })),
+                "{pid}"
+            );
+        }
+        // A child in our own process group.
+        let mut same = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let e = s.check_pid(same.id() as i32).unwrap_err();
+        assert!(e.to_string().contains("own process group"), "{e}");
+        same.kill().unwrap();
+        same.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_symlink_swapped_in_after_declaration_is_left_alone() {
+        let (t, s) = sandbox();
+        let root = t.path().canonicalize().unwrap();
+        let d = s.check_dir(Path::new("work")).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("work")).unwrap();
+        assert!(s.reclaim(&Resource::Dir(d)).await.is_err());
+        assert!(outside.path().join("keep").exists());
+    }
+}
