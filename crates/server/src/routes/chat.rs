@@ -77,6 +77,7 @@ pub async fn handle(
         tools = parse_tools,
         "chat completion"
     );
+    state.declare_tools(&program)?;
     let engine_stream = state.engine.submit(GenerateRequest {
         program: program.program,
         prompt,

@@ -72,6 +72,7 @@ pub async fn handle(
         stream = req.common.stream,
         "completion"
     );
+    state.declare_tools(&program)?;
     let engine_stream = state.engine.submit(GenerateRequest {
         program: program.program,
         prompt,
