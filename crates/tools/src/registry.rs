@@ -302,7 +302,7 @@ impl Registry {
                 break;
             };
             // Only forget it if it did not come back to life.
-            if !inner.programs.get(&p).is_some_and(|r| r.ended.is_some()) {
+            if inner.programs.get(&p).is_none_or(|r| r.ended.is_none()) {
                 continue;
             }
             let Some(rec) = inner.programs.remove(&p) else {

@@ -308,12 +308,13 @@ async fn a_docker_environment_is_pulled_created_started_and_reclaimed_with_its_p
     );
     tools.program_ended("p", "final");
     assert!(tools.registry.wait_idle(Duration::from_secs(10)).await);
-    let d = m.lock().unwrap();
-    assert!(
-        d.containers.is_empty() && d.images.is_empty(),
-        "container and its unused image removed"
-    );
-    drop(d);
+    {
+        let d = m.lock().unwrap();
+        assert!(
+            d.containers.is_empty() && d.images.is_empty(),
+            "container and its unused image removed"
+        );
+    }
     // A failed pull is reported with the daemon's message.
     tools.environments.start("q", spec("missing/img")).unwrap();
     let s = tools
