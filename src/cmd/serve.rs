@@ -117,7 +117,7 @@ pub struct ToolArgs {
 }
 
 impl ToolArgs {
-    fn to_config(&self) -> ToolsConfig {
+    fn to_config(&self, lease_s: f64) -> ToolsConfig {
         ToolsConfig {
             sandbox_root: self.sandbox_root.clone(),
             kill_grace: Duration::from_millis(self.kill_grace_ms),
@@ -134,6 +134,8 @@ impl ToolArgs {
                 ..ReclaimConfig::default()
             },
             reclaim_on_exit: self.reclaim_on_exit,
+            // Programs the engine never ran get the engine's lease.
+            orphan_lease: Duration::try_from_secs_f64(lease_s).ok(),
         }
     }
 }
@@ -192,7 +194,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         &model_dir,
         name.clone(),
         args.api_key,
-        args.tools.to_config(),
+        args.tools.to_config(args.sched.program_lease_s),
     )?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -135,4 +135,7 @@ impl EndReason {
 pub struct ProgramEnded {
     pub id: String,
     pub reason: EndReason,
+    /// When the engine ended it: a subscriber that sees the event late can
+    /// tell it apart from a new program reusing the id since.
+    pub at: std::time::Instant,
 }

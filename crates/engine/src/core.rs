@@ -340,7 +340,11 @@ impl Core {
         let reason = prog.end_reason.unwrap_or(EndReason::Released);
         info!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
         if let Some(name) = prog.name {
-            self.announce_end(ProgramEnded { id: name, reason });
+            self.announce_end(ProgramEnded {
+                id: name,
+                reason,
+                at: Instant::now(),
+            });
         }
     }
 

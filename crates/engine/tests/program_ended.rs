@@ -48,17 +48,29 @@ fn run(e: &Engine, program: Option<&str>, final_request: bool) {
     panic!("stream ended without Finished");
 }
 
-fn next_end(rx: &mut UnboundedReceiver<ProgramEnded>, within: Duration) -> Option<ProgramEnded> {
+/// The next end announced within `within`, as (id, reason); checks its
+/// timestamp is not in the future.
+fn next_end(rx: &mut UnboundedReceiver<ProgramEnded>, within: Duration) -> Option<Ended> {
     let deadline = std::time::Instant::now() + within;
     loop {
         if let Ok(ev) = rx.try_recv() {
-            return Some(ev);
+            assert!(ev.at <= std::time::Instant::now());
+            return Some(Ended {
+                id: ev.id,
+                reason: ev.reason,
+            });
         }
         if std::time::Instant::now() > deadline {
             return None;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Ended {
+    id: String,
+    reason: EndReason,
 }
 
 #[test]
@@ -73,7 +85,7 @@ fn release_and_final_are_announced_once_with_their_reason() {
         "a is still alive"
     );
     assert!(e.release("a"));
-    let end = ProgramEnded {
+    let end = Ended {
         id: "a".into(),
         reason: EndReason::Released,
     };
@@ -88,7 +100,7 @@ fn release_and_final_are_announced_once_with_their_reason() {
     run(&e, Some("b"), true);
     assert_eq!(
         next_end(&mut rx, Duration::from_secs(5)),
-        Some(ProgramEnded {
+        Some(Ended {
             id: "b".into(),
             reason: EndReason::Final
         })
@@ -115,7 +127,7 @@ fn lease_expiry_is_announced() {
     run(&e, Some("idle"), false);
     assert_eq!(
         next_end(&mut rx, Duration::from_secs(10)),
-        Some(ProgramEnded {
+        Some(Ended {
             id: "idle".into(),
             reason: EndReason::LeaseExpired
         })

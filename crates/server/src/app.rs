@@ -234,7 +234,20 @@ pub async fn serve(
         let tools = tools.clone();
         tokio::spawn(async move {
             while let Some(ev) = rx.recv().await {
-                tools.program_ended(&ev.id, ev.reason.as_str());
+                tools.engine_ended(&ev.id, ev.reason.as_str(), Some(ev.at));
+            }
+        })
+    });
+    let sweeper = tools.orphan_lease.map(|lease| {
+        let (tools, engine) = (tools.clone(), engine.clone());
+        // Often enough that an orphan outlives the lease by a fraction of it.
+        let every = (lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let running = engine.programs().into_iter().map(|p| p.id).collect();
+                tools.sweep_orphans(&running);
             }
         })
     });
@@ -244,8 +257,8 @@ pub async fn serve(
         .await;
     tracing::info!("server stopped; shutting the engine down");
     engine.shutdown();
-    if let Some(f) = forwarder {
-        f.abort();
+    for task in forwarder.into_iter().chain(sweeper) {
+        task.abort();
     }
     if tools.reclaim_on_exit {
         let n = tools.registry.end_all("server_shutdown");

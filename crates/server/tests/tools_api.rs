@@ -45,6 +45,7 @@ fn tools_config(root: &Path) -> ToolsConfig {
             history: 4096,
         },
         reclaim_on_exit: false,
+        orphan_lease: None,
     }
 }
 
@@ -220,7 +221,19 @@ fn lease_expiry_reclaims_a_silent_programs_resources() {
         },
         ..test_config()
     };
-    let srv = start_tools(None, cfg, tools_config(&sb.root));
+    let tools = ToolsConfig {
+        orphan_lease: Some(Duration::from_millis(500)),
+        ..tools_config(&sb.root)
+    };
+    let srv = start_tools(None, cfg, tools);
+    // Declared but never run by the engine: the same lease, from the tools side.
+    let ghost = work_dir(&sb, "ghost");
+    let r = post(
+        srv.addr,
+        "/programs/ghost/resources",
+        &json!({"dirs": ["ghost"]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
     let d = work_dir(&sb, "idle");
     let p = tool_process();
     // Program id from the X-Session-ID header, resources in the body.
@@ -238,6 +251,10 @@ fn lease_expiry_reclaims_a_silent_programs_resources() {
     assert_eq!(v["tool_resources"]["ended"], "lease_expired", "{v}");
     assert!(!Path::new(&d).exists());
     assert_terminated(p);
+    let v = wait_settled(srv.addr, "ghost");
+    assert_eq!(v["tool_resources"]["ended"], "lease_expired", "{v}");
+    assert!(v["engine"].is_null());
+    assert!(!Path::new(&ghost).exists());
     srv.stop();
 }
 

@@ -49,6 +49,11 @@ pub struct ToolsConfig {
     pub reclaim: ReclaimConfig,
     /// Reclaim every live program's resources when the server stops.
     pub reclaim_on_exit: bool,
+    /// Programs that declared resources but that the engine does not know
+    /// (it never ran them, or their request was refused) are ended after
+    /// this long without a declaration: the engine's inactivity lease, for
+    /// programs outside the engine. `None`: only a release ends them.
+    pub orphan_lease: Option<Duration>,
 }
 
 impl Default for ToolsConfig {
@@ -59,6 +64,7 @@ impl Default for ToolsConfig {
             docker: DockerConfig::default(),
             reclaim: ReclaimConfig::default(),
             reclaim_on_exit: false,
+            orphan_lease: None,
         }
     }
 }
@@ -68,6 +74,7 @@ pub struct Tools {
     pub registry: Arc<Registry>,
     pub environments: Arc<Environments>,
     pub reclaim_on_exit: bool,
+    pub orphan_lease: Option<Duration>,
 }
 
 impl Tools {
@@ -84,6 +91,7 @@ impl Tools {
             registry,
             environments,
             reclaim_on_exit: cfg.reclaim_on_exit,
+            orphan_lease: cfg.orphan_lease,
         })
     }
 
@@ -92,9 +100,49 @@ impl Tools {
         self.registry.declare(program, spec.to_resources()?)
     }
 
-    /// The engine (or a release call) ended `program`.
+    /// A release call (or the server) ended `program`.
     pub fn program_ended(&self, program: &str, reason: &str) -> usize {
-        self.environments.forget(program);
-        self.registry.end_program(program, reason)
+        self.engine_ended(program, reason, None)
+    }
+
+    /// The engine ended `program` at `at` (see [`Registry::end_program_at`]).
+    pub fn engine_ended(
+        &self,
+        program: &str,
+        reason: &str,
+        at: Option<std::time::Instant>,
+    ) -> usize {
+        let n = self.registry.end_program_at(program, reason, at);
+        if self
+            .registry
+            .program(program)
+            .is_none_or(|p| p.ended.is_some())
+        {
+            self.environments.forget(program);
+        }
+        n
+    }
+
+    /// Ends the live programs the engine does not know (`running` are the
+    /// ones it does) that declared nothing for the orphan lease, unless their
+    /// environment is still being prepared. Returns the programs ended.
+    pub fn sweep_orphans(&self, running: &std::collections::HashSet<String>) -> Vec<String> {
+        let Some(lease) = self.orphan_lease else {
+            return Vec::new();
+        };
+        let mut ended = Vec::new();
+        for p in self.registry.idle_live_programs(lease) {
+            let preparing = self
+                .environments
+                .status(&p)
+                .is_some_and(|s| s.state == EnvState::Pending);
+            if running.contains(&p) || preparing {
+                continue;
+            }
+            tracing::info!(program = %p, lease_s = lease.as_secs_f64(), "unknown to the engine and idle past the lease: ending it");
+            self.program_ended(&p, "lease_expired");
+            ended.push(p);
+        }
+        ended
     }
 }

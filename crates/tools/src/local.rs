@@ -239,6 +239,8 @@ impl Target {
     fn alive(self) -> bool {
         match self {
             Target::Pid(p) => proc_state(p).is_some_and(|(state, _)| state != 'Z' && state != 'X'),
+            // SAFETY: signal 0 only checks existence.
+            Target::Group(g) if (unsafe { libc::kill(-g, 0) }) != 0 => false,
             Target::Group(g) => match group_members(g) {
                 Some(states) => states.iter().any(|&s| s != 'Z' && s != 'X'),
                 // No /proc: kill(0) cannot tell zombies apart, but it is the

@@ -66,10 +66,22 @@ struct Entry {
     listed_by: usize,
 }
 
-#[derive(Default)]
 struct Record {
     resources: Vec<Resource>,
     ended: Option<String>,
+    /// Last declaration: an end reported as happening before it belongs to
+    /// an earlier program of the same id.
+    touched: Instant,
+}
+
+impl Default for Record {
+    fn default() -> Self {
+        Self {
+            resources: Vec::new(),
+            ended: None,
+            touched: Instant::now(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -183,6 +195,7 @@ impl Registry {
         }
         let inner = &mut *inner;
         let rec = inner.programs.entry(program.to_string()).or_default();
+        rec.touched = Instant::now();
         if let Some(why) = rec.ended.take() {
             info!(program, previously = %why, "program declares again: live again");
         }
@@ -239,6 +252,18 @@ impl Registry {
     /// last owner of are reclaimed. Returns how many were queued; false-y 0
     /// also for a program the registry never heard of.
     pub fn end_program(self: &Arc<Self>, program: &str, reason: &str) -> usize {
+        self.end_program_at(program, reason, None)
+    }
+
+    /// [`Registry::end_program`] for an end that happened at `at`: ignored
+    /// if the program declared resources since (the id was reused by a new
+    /// program before the end was delivered).
+    pub fn end_program_at(
+        self: &Arc<Self>,
+        program: &str,
+        reason: &str,
+        at: Option<Instant>,
+    ) -> usize {
         let mut queued = Vec::new();
         {
             let mut inner = self.lock();
@@ -248,6 +273,14 @@ impl Registry {
                 return 0;
             };
             if rec.ended.is_some() {
+                return 0;
+            }
+            if at.is_some_and(|t| rec.touched > t) {
+                info!(
+                    program,
+                    reason,
+                    "end of an earlier program with this id: the current one keeps its resources"
+                );
                 return 0;
             }
             rec.ended = Some(reason.to_string());
@@ -282,6 +315,17 @@ impl Registry {
             tokio::spawn(async move { me.reclaim(r).await });
         }
         queued.len()
+    }
+
+    /// Live programs that declared nothing for `idle` (for the server's
+    /// sweep of programs the engine never ran).
+    pub fn idle_live_programs(&self, idle: Duration) -> Vec<String> {
+        self.lock()
+            .programs
+            .iter()
+            .filter(|(_, r)| r.ended.is_none() && r.touched.elapsed() >= idle)
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 
     /// Ends every program still live (server shutdown).

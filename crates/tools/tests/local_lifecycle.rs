@@ -28,6 +28,7 @@ fn tools(root: &Path) -> Tools {
             history: 100,
         },
         reclaim_on_exit: false,
+        orphan_lease: None,
     })
     .expect("tools")
 }
@@ -231,6 +232,65 @@ async fn what_the_backend_must_not_touch_is_refused_and_not_registered() {
     }
     assert!(tools.registry.program("p").is_none(), "nothing registered");
     assert!(outside.path().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_end_of_an_earlier_program_with_the_same_id_is_ignored() {
+    let t = tempfile::tempdir().unwrap();
+    let tools = tools(t.path());
+    let old = sandbox_dir(t.path(), "old");
+    let spec = |d: &str| ToolResources {
+        dirs: vec![d.to_string()],
+        ..Default::default()
+    };
+    tools.declare("p", &spec(&old)).unwrap();
+    let ended_at = Instant::now();
+    // The engine ended p at `ended_at`, then p declared again (a new program
+    // reusing the id) before the end was delivered.
+    std::thread::sleep(Duration::from_millis(5));
+    let new = sandbox_dir(t.path(), "new");
+    tools.declare("p", &spec(&new)).unwrap();
+    assert_eq!(tools.engine_ended("p", "final", Some(ended_at)), 0);
+    assert!(tools.registry.program("p").unwrap().ended.is_none());
+    // An end after the latest declaration ends it.
+    assert_eq!(tools.engine_ended("p", "final", Some(Instant::now())), 2);
+    assert!(tools.registry.wait_idle(Duration::from_secs(10)).await);
+    assert!(!Path::new(&old).exists() && !Path::new(&new).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn programs_the_engine_never_ran_are_swept_after_the_orphan_lease() {
+    let t = tempfile::tempdir().unwrap();
+    let mut cfg_tools = tools(t.path());
+    cfg_tools.orphan_lease = Some(Duration::from_millis(200));
+    let tools = cfg_tools;
+    let a = sandbox_dir(t.path(), "a");
+    let b = sandbox_dir(t.path(), "b");
+    for (p, d) in [("ghost", &a), ("running", &b)] {
+        tools
+            .declare(
+                p,
+                &ToolResources {
+                    dirs: vec![d.clone()],
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+    }
+    let running: std::collections::HashSet<String> = ["running".to_string()].into();
+    assert!(tools.sweep_orphans(&running).is_empty(), "not idle yet");
+    std::thread::sleep(Duration::from_millis(250));
+    assert_eq!(tools.sweep_orphans(&running), vec!["ghost".to_string()]);
+    assert!(tools.registry.wait_idle(Duration::from_secs(10)).await);
+    assert!(!Path::new(&a).exists());
+    assert!(
+        Path::new(&b).exists(),
+        "the engine runs it: its own lease applies"
+    );
+    assert_eq!(
+        tools.registry.program("ghost").unwrap().ended.as_deref(),
+        Some("lease_expired")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
