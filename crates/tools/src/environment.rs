@@ -203,6 +203,14 @@ impl Environments {
                     warn!(program, duration_s = secs, error = %e, "environment preparation failed")
                 }
             }
+            // The program ended while this ran: nobody will ask any more.
+            if me
+                .registry
+                .program(&program)
+                .is_some_and(|p| p.ended.is_some())
+            {
+                me.forget(&program);
+            }
         });
         Ok(pending)
     }

@@ -16,8 +16,11 @@ use crate::backend::{Backend, BoxFuture};
 use crate::error::ToolError;
 use crate::resource::Resource;
 
-/// How often a terminating process group is checked.
-const POLL: Duration = Duration::from_millis(10);
+/// How often a terminating process group is checked: from the first
+/// interval (most processes die within a millisecond of SIGTERM), doubling
+/// up to the last.
+const POLL_FIRST: Duration = Duration::from_millis(1);
+const POLL_MAX: Duration = Duration::from_millis(20);
 /// How long SIGKILLed processes get to disappear.
 const KILL_WAIT: Duration = Duration::from_secs(2);
 
@@ -253,6 +256,7 @@ impl Target {
 
     async fn wait_gone(self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
+        let mut poll = POLL_FIRST;
         loop {
             if !self.alive() {
                 return true;
@@ -260,7 +264,8 @@ impl Target {
             if Instant::now() >= deadline {
                 return false;
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(POLL_MAX);
         }
     }
 }
