@@ -249,8 +249,8 @@ impl Registry {
     }
 
     /// `program` ended: it stops owning its resources, and those it was the
-    /// last owner of are reclaimed. Returns how many were queued; false-y 0
-    /// also for a program the registry never heard of.
+    /// last owner of are reclaimed. Returns how many were queued (0 for a
+    /// program the registry never heard of, or one already ended).
     pub fn end_program(self: &Arc<Self>, program: &str, reason: &str) -> usize {
         self.end_program_at(program, reason, None)
     }
