@@ -3,7 +3,7 @@
 Usage: python scripts/openai_sdk_check.py http://127.0.0.1:8000/v1
 Checks chat (whole and streamed), `extra_body={"program_id": ...}` with a
 second turn that reuses the program's KV, tools in the request, completions with
-token ids, and the release endpoint. Exits non-zero on the first failure.
+token ids, `n` choices (chat and a prompt list), and the release endpoint. Exits non-zero on the first failure.
 """
 
 import json
@@ -62,6 +62,19 @@ print("tools accepted:", r3.choices[0].finish_reason)
 c = client.completions.create(model=model, prompt=[1, 2, 3, 4], max_tokens=4, temperature=0)
 assert c.usage.completion_tokens == 4, c
 print("completions (token ids):", repr(c.choices[0].text))
+
+rn = client.chat.completions.create(
+    model=model, messages=msgs, max_tokens=4, temperature=0.8, seed=3, n=3,
+    extra_body=no_think,
+)
+assert sorted(ch.index for ch in rn.choices) == [0, 1, 2], rn
+assert rn.usage.completion_tokens <= 12, rn.usage
+print("n=3:", [ch.finish_reason for ch in rn.choices])
+
+cb = client.completions.create(model=model, prompt=["hello", "world"], n=2, max_tokens=3,
+                               temperature=0)
+assert sorted(ch.index for ch in cb.choices) == [0, 1, 2, 3], cb
+print("completions, 2 prompts x n=2:", len(cb.choices), "choices")
 
 req = urllib.request.Request(base.rsplit("/v1", 1)[0] + "/programs/release",
                              data=json.dumps({"program_id": "sdk-agent"}).encode(),

@@ -103,3 +103,23 @@ fn serve_default_model_end_to_end() {
     assert!(body.contains("vllm:generation_tokens_total{model_name=\"agentd-tiny-qwen3\"}"));
     assert!(body.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"256\"} 1"));
 }
+
+/// Without the `cuda` feature, `--device cuda` stops at once with a message
+/// that says how to get a CUDA build (instead of serving on the CPU).
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn serve_device_cuda_needs_a_cuda_build() {
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-cli-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["serve", "--device", "cuda", "--port", "0"])
+        .env("XDG_CACHE_HOME", &cache)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run agentd serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("built without CUDA") && err.contains("--features cuda"),
+        "{err}"
+    );
+}

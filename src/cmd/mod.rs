@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench_model;
+pub mod device;
 pub mod generate;
 pub mod make_model;
 pub mod scheduler_args;

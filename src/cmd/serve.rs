@@ -35,9 +35,13 @@ pub struct ServeArgs {
     /// The model directory, as a positional argument (like `vllm serve MODEL`).
     #[arg(value_name = "MODEL")]
     pub model_path: Option<PathBuf>,
+    /// Where the model runs: `cpu` (everywhere) or `cuda` (an NVIDIA GPU per
+    /// replica; needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
     /// Weight/compute dtype. The CPU runtime computes in float32 (bf16/f16
-    /// checkpoints are converted at load); `auto` means the same.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "f32"])]
+    /// checkpoints are converted at load); on CUDA `auto` is bfloat16.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "f32", "bfloat16", "bf16", "float16", "half", "f16"])]
     pub dtype: String,
     /// CPU threads per replica (default: the cores split between replicas).
     #[arg(long)]
@@ -157,9 +161,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(bytes) => {
             let mc = agentd_models::Qwen3Config::from_dir(&model_dir)
                 .with_context(|| format!("reading {}", model_dir.display()))?;
-            let per_block = agentd_models::KvCacheConfig::for_model(&mc, 1, args.sched.block_size)
-                .bytes_per_block()
-                .max(1);
+            // The CPU cache holds f32, the CUDA cache 16-bit values.
+            let shrink = if args.device == "cuda" { 2 } else { 1 };
+            let per_block =
+                (agentd_models::KvCacheConfig::for_model(&mc, 1, args.sched.block_size)
+                    .bytes_per_block()
+                    / shrink)
+                    .max(1);
             let blocks = usize::try_from(bytes / per_block as u64).unwrap_or(usize::MAX);
             anyhow::ensure!(
                 blocks > 0,
@@ -187,8 +195,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..EngineConfig::default()
     };
     tracing::info!(?cfg, "starting engine");
-    let engine = Engine::start(&model_dir, cfg)
-        .with_context(|| format!("starting the engine on {}", model_dir.display()))?;
+    let engine = match args.device.as_str() {
+        "cuda" => super::device::start_cuda(&model_dir, cfg, &args.dtype)?,
+        _ => {
+            anyhow::ensure!(
+                matches!(args.dtype.as_str(), "auto" | "float32" | "float" | "f32"),
+                "--dtype {} needs --device cuda (the CPU runtime computes in float32)",
+                args.dtype
+            );
+            Engine::start(&model_dir, cfg)
+                .with_context(|| format!("starting the engine on {}", model_dir.display()))?
+        }
+    };
     let state = agentd_server::AppState::with_tools(
         engine,
         &model_dir,

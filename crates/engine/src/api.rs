@@ -103,7 +103,10 @@ pub struct ProgramStatus {
     pub blocks_held: usize,
     /// Requests completed.
     pub steps: u64,
+    /// 1 while its request waits for the program's restore.
     pub waiting_requests: usize,
+    /// Requests of the program running beside its main one (siblings).
+    pub parallel_requests: usize,
 }
 
 /// Why a program ended.

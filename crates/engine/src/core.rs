@@ -2,7 +2,7 @@
 //! and the program table — and the operations on it. Workers call in here
 //! under one mutex, for microseconds per step; nothing here touches tensors.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,8 +58,16 @@ pub(crate) struct Prog {
     pub name: Option<String>,
     /// The request being served (or waiting for the program's restore).
     pub current: Option<Req>,
-    /// Parallel requests of the program wait behind the current one.
-    pub queued: VecDeque<Req>,
+    /// Sibling sequences: requests that arrived while `current` was busy
+    /// (parallel tool calls, sub-agents sharing a session). Each runs at once
+    /// as a one-off program of its own, sharing this program's prefix through
+    /// the prefix cache; releasing this program cancels them.
+    pub children: Vec<ProgramId>,
+    /// For a sibling: the program it belongs to.
+    pub parent: Option<ProgramId>,
+    /// For a sibling whose request carried the final flag: release the
+    /// parent once it ends.
+    pub release_parent: bool,
     /// Replica whose cache holds the program's blocks (kept while paused).
     pub home: Option<usize>,
     /// Release once nothing of it is in a batch (release call, final flag,
@@ -132,8 +140,7 @@ impl Core {
     /// Requests not running: queued in the policy or behind their program's
     /// current request.
     pub fn num_waiting(&self) -> usize {
-        let queued: usize = self.programs.values().map(|p| p.queued.len()).sum();
-        self.policy.num_waiting() + queued
+        self.policy.num_waiting()
     }
 
     pub fn num_running(&self) -> usize {
@@ -190,12 +197,29 @@ impl Core {
         // A new request revives a program whose release was still pending.
         prog.release_pending = false;
         prog.end_reason = None;
-        if prog.current.is_some() {
-            prog.queued.push_back(r);
-        } else {
+        if prog.current.is_none() {
             prog.current = Some(r);
             self.route(p);
+            return Ok(());
         }
+        // The program is busy: run the request now as a sibling rather than
+        // after the current one (DESIGN §2: concurrent requests of one
+        // program are allowed). Its own block table starts from the cached
+        // prefix; the program's table continues from its main line.
+        let s = self.new_program(None);
+        if let Some(q) = self.programs.get_mut(&p) {
+            q.children.push(s);
+        }
+        if let Some(sib) = self.programs.get_mut(&s) {
+            sib.parent = Some(p);
+            sib.release_parent = r.final_request;
+            sib.current = Some(Req {
+                final_request: true,
+                ..r
+            });
+        }
+        debug!(program = %p, sibling = %s, "parallel request runs as a sibling");
+        self.route(s);
         Ok(())
     }
 
@@ -238,7 +262,9 @@ impl Core {
             Prog {
                 name,
                 current: None,
-                queued: VecDeque::new(),
+                children: Vec::new(),
+                parent: None,
+                release_parent: false,
                 home: None,
                 release_pending: false,
                 end_reason: None,
@@ -322,7 +348,7 @@ impl Core {
         let Some(mut prog) = self.programs.remove(&p) else {
             return;
         };
-        for req in prog.current.take().into_iter().chain(prog.queued.drain(..)) {
+        if let Some(req) = prog.current.take() {
             let usage = usage_of(&req);
             let _ = req.tx.send(Event::Finished {
                 reason: FinishReason::Cancelled,
@@ -339,6 +365,27 @@ impl Core {
         self.policy.on_terminate(p);
         let reason = prog.end_reason.unwrap_or(EndReason::Released);
         info!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
+        // Releasing a program cancels its siblings (each is reaped now, or
+        // after the step that holds it).
+        for c in prog.children {
+            if let Some(child) = self.programs.get_mut(&c) {
+                child.release_pending = true;
+                child.parent = None;
+            }
+            self.reap(c);
+        }
+        if let Some(parent) = prog.parent {
+            if let Some(q) = self.programs.get_mut(&parent) {
+                q.children.retain(|c| *c != p);
+                if prog.release_parent {
+                    q.release_pending = true;
+                    q.end_reason = Some(EndReason::Final);
+                }
+            }
+            if prog.release_parent {
+                self.reap(parent);
+            }
+        }
         if let Some(name) = prog.name {
             self.announce_end(ProgramEnded {
                 id: name,
@@ -550,6 +597,9 @@ impl Core {
         };
         prog.steps += 1;
         let home = prog.home;
+        if let Some(parent) = prog.parent.and_then(|q| self.programs.get_mut(&q)) {
+            parent.steps += 1;
+        }
         let usage = usage_of(&req);
         let _ = req.tx.send(Event::Finished { reason, usage });
         self.counters.requests_finished += 1;
@@ -569,11 +619,7 @@ impl Core {
         if req.final_request {
             prog.release_pending = true;
             prog.end_reason = Some(EndReason::Final);
-            prog.queued.clear();
             self.reap(p);
-        } else if let Some(next) = prog.queued.pop_front() {
-            prog.current = Some(next);
-            self.route(p);
         }
     }
 
@@ -586,8 +632,9 @@ impl Core {
                 let name = prog.name.clone()?;
                 Some(ProgramStatus {
                     id: name,
+                    // Reasoning while any of its requests is in flight.
                     phase: match info.as_ref().map(|i| i.phase) {
-                        Some(Phase::Acting) => "acting",
+                        Some(Phase::Acting) if prog.children.is_empty() => "acting",
                         _ => "reasoning",
                     },
                     state: match info.as_ref().map(|i| i.state) {
@@ -602,11 +649,11 @@ impl Core {
                     ),
                     blocks_held: prog.home.map_or(0, |h| self.kv[h].blocks_held(*p)),
                     steps: prog.steps,
-                    waiting_requests: prog.queued.len()
-                        + usize::from(
-                            prog.current.is_some()
-                                && !prog.home.is_some_and(|h| self.running[h].contains(p)),
-                        ),
+                    waiting_requests: usize::from(
+                        prog.current.is_some()
+                            && !prog.home.is_some_and(|h| self.running[h].contains(p)),
+                    ),
+                    parallel_requests: prog.children.len(),
                 })
             })
             .collect();

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use agentd_models::{ModelError, Qwen3Config, Qwen3Model};
+use agentd_models::{CpuRunner, ModelError, Qwen3Config, Qwen3Model, StepRunner};
 use tokio::sync::mpsc;
 use tracing::info;
 
@@ -88,7 +88,37 @@ impl Engine {
         Self::with_model(Arc::new(model), cfg)
     }
 
+    /// Starts on the CPU runtime: one [`CpuRunner`] per replica, the cores
+    /// split between them unless `threads_per_replica` says otherwise.
     pub fn with_model(model: Arc<Qwen3Model>, cfg: EngineConfig) -> Result<Self, StartError> {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads_each = cfg
+            .threads_per_replica
+            .unwrap_or(cores / cfg.replicas.max(1))
+            .max(1);
+        let runners = (0..cfg.replicas)
+            .map(|r| {
+                let runner = CpuRunner::new(
+                    model.clone(),
+                    cfg.num_blocks,
+                    cfg.block_size,
+                    threads_each,
+                    &format!("agentd-r{r}"),
+                )?;
+                Ok(Box::new(runner) as Box<dyn StepRunner>)
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Self::with_runners(model.config().clone(), runners, cfg)
+    }
+
+    /// Starts one worker per runner (`cfg.replicas` of them, each with a
+    /// cache of `cfg.num_blocks` blocks of `cfg.block_size` tokens): the
+    /// CPU runtime, the CUDA backend, or any other [`StepRunner`].
+    pub fn with_runners(
+        mc: Qwen3Config,
+        runners: Vec<Box<dyn StepRunner>>,
+        cfg: EngineConfig,
+    ) -> Result<Self, StartError> {
         cfg.scheduler.validate().map_err(StartError::Config)?;
         if cfg.replicas == 0
             || cfg.num_blocks == 0
@@ -100,7 +130,19 @@ impl Engine {
                     .into(),
             ));
         }
-        let mc = model.config().clone();
+        if runners.len() != cfg.replicas
+            || runners
+                .iter()
+                .any(|r| r.num_blocks() != cfg.num_blocks || r.block_size() != cfg.block_size)
+        {
+            return Err(StartError::Config(format!(
+                "{} runners for {} replicas, each must have {} blocks of {} tokens",
+                runners.len(),
+                cfg.replicas,
+                cfg.num_blocks,
+                cfg.block_size
+            )));
+        }
         let max_len = cfg.max_model_len.map_or(mc.max_position_embeddings, |m| {
             m.min(mc.max_position_embeddings)
         });
@@ -115,22 +157,11 @@ impl Engine {
             wake: (0..cfg.replicas).map(|_| Condvar::new()).collect(),
         });
         let mut threads = Vec::with_capacity(cfg.replicas);
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let threads_each = cfg
-            .threads_per_replica
-            .unwrap_or(cores / cfg.replicas)
-            .max(1);
-        for r in 0..cfg.replicas {
-            let cache = model.new_cache(cfg.num_blocks, cfg.block_size)?;
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads_each)
-                .thread_name(move |i| format!("agentd-r{r}-t{i}"))
-                .build()
-                .map_err(|e| StartError::Config(format!("thread pool: {e}")))?;
-            let (s, m) = (shared.clone(), model.clone());
+        for (r, runner) in runners.into_iter().enumerate() {
+            let s = shared.clone();
             let t = std::thread::Builder::new()
                 .name(format!("agentd-replica-{r}"))
-                .spawn(move || worker::run(r, s, m, cache, pool))?;
+                .spawn(move || worker::run(r, s, runner))?;
             threads.push(t);
         }
         info!(

@@ -4,8 +4,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use agentd_models::{BatchBuilder, LogitsFor, PagedKvCache, Qwen3Model};
-use candle_core::DType;
+use agentd_models::{BatchBuilder, LogitsFor, StepRunner};
 use tracing::{error, info};
 
 use crate::core::{Core, SeqPlan};
@@ -33,17 +32,11 @@ impl Shared {
     }
 }
 
-pub(crate) fn run(
-    r: usize,
-    shared: Arc<Shared>,
-    model: Arc<Qwen3Model>,
-    mut cache: PagedKvCache,
-    pool: rayon::ThreadPool,
-) {
+pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>) {
     info!(
         replica = r,
-        blocks = cache.num_blocks(),
-        threads = pool.current_num_threads(),
+        blocks = runner.num_blocks(),
+        device = %runner.device(),
         "worker started"
     );
     loop {
@@ -66,9 +59,7 @@ pub(crate) fn run(
         };
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
-        // Each replica computes on its own share of the cores, so replicas
-        // do not fight over one pool.
-        let result = pool.install(|| forward(&model, &mut cache, &plan));
+        let result = forward(runner.as_mut(), &plan);
         let mut core = shared.lock();
         match result {
             Ok(rows) => core.commit(r, &plan, &rows),
@@ -84,12 +75,8 @@ pub(crate) fn run(
 
 /// Runs the model on the planned batch; one logits row per sequence that
 /// asked for one, in plan order.
-fn forward(
-    model: &Qwen3Model,
-    cache: &mut PagedKvCache,
-    plan: &[SeqPlan],
-) -> agentd_models::Result<Vec<Vec<f32>>> {
-    let mut b = BatchBuilder::new(cache.block_size());
+fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_models::Result<Vec<Vec<f32>>> {
+    let mut b = BatchBuilder::new(runner.block_size());
     for s in plan {
         let logits = if s.wants_logits {
             LogitsFor::Last
@@ -98,9 +85,5 @@ fn forward(
         };
         b.push(&s.new_tokens, s.num_cached, &s.block_table, logits);
     }
-    let logits = model.forward(&b.build(), cache)?;
-    if !plan.iter().any(|s| s.wants_logits) {
-        return Ok(Vec::new());
-    }
-    Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+    runner.step(&b.build())
 }

@@ -72,6 +72,12 @@ pub enum ModelError {
     Sampling(String),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A failure inside another backend's runner (e.g. the CUDA backend).
+    #[error("{backend} backend: {message}")]
+    Backend {
+        backend: &'static str,
+        message: String,
+    },
 }
 
 impl ModelError {

@@ -193,6 +193,16 @@ impl RopeBatch {
         }
         RopeBatch { cos, sin, half }
     }
+
+    /// `[T, head_dim / 2]` cosines, one row per position given to [`Self::new`].
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// `[T, head_dim / 2]` sines.
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
 }
 
 /// Applies, to each head of each token of `buf` (`[T, heads, head_dim]`),

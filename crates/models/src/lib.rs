@@ -5,6 +5,8 @@
 //! - [`qwen3`]: the model; [`layers`]: its dense building blocks.
 //! - [`batch`]: the flattened batch metadata; [`attention`]: the paged cache
 //!   and the CPU paged attention kernel.
+//! - [`runner`]: [`StepRunner`], a model bound to one replica's cache (what
+//!   the engine runs each step), and its CPU implementation.
 //! - [`sampling`]: next-token selection and logprobs; [`tokenizer`]:
 //!   tokenizer and streaming detokenizer.
 //! - [`synth`]: deterministic random-weight checkpoints (`agentd make-model`).
@@ -19,6 +21,7 @@ pub mod layers;
 pub mod loader;
 mod matmul;
 pub mod qwen3;
+pub mod runner;
 pub mod sampling;
 mod simd;
 pub mod synth;
@@ -29,5 +32,6 @@ pub use batch::{BatchBuilder, BatchInput, LogitsFor};
 pub use config::Qwen3Config;
 pub use error::{ModelError, Result};
 pub use qwen3::Qwen3Model;
+pub use runner::{CpuRunner, StepRunner};
 pub use sampling::{SampleOutput, SamplingParams, SequenceSampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

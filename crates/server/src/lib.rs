@@ -13,6 +13,7 @@
 //!   errors with their HTTP status.
 
 pub mod app;
+pub mod choices;
 pub mod error;
 pub mod generation;
 pub mod metrics;

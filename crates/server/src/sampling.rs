@@ -26,16 +26,6 @@ pub fn build(
     prompt_len: usize,
     max_model_len: usize,
 ) -> Result<Sampling, ApiError> {
-    if let Some(n) = c.n {
-        if n != 1 {
-            return Err(ApiError::invalid(
-                "n",
-                format!(
-                    "n={n} is not supported: agentd generates one choice per request (n must be 1)"
-                ),
-            ));
-        }
-    }
     if prompt_len == 0 {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
@@ -151,13 +141,6 @@ mod tests {
     #[test]
     fn refusals() {
         let err = |j: &str, p: usize| build(&common(j), None, p, 100).unwrap_err();
-        assert!(matches!(
-            err(r#"{"n":2}"#, 5),
-            ApiError::InvalidParam {
-                param: Some("n"),
-                ..
-            }
-        ));
         assert!(matches!(err("{}", 100), ApiError::ContextTooLong(_)));
         assert!(matches!(
             err(r#"{"max_tokens":96}"#, 5),

@@ -473,13 +473,21 @@ fn errors_in_openai_shape() {
         &json!({"prompt": long, "max_tokens": 1}),
     );
     check(r, 400, Some("context_length_exceeded"));
-    let r = post(addr, "/v1/chat/completions", &chat_body(json!({"n": 2})));
-    let v = check(r, 400, None);
-    assert_eq!(v["error"]["param"], "n");
+    for n in [0, 65] {
+        let r = post(addr, "/v1/chat/completions", &chat_body(json!({ "n": n })));
+        let v = check(r, 400, None);
+        assert_eq!(v["error"]["param"], "n");
+    }
     let r = post(
         addr,
         "/v1/completions",
-        &json!({"prompt": ["a", "b"], "max_tokens": 1}),
+        &json!({"prompt": ["a", "b"], "n": 40, "max_tokens": 1}),
+    );
+    check(r, 400, None);
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": Vec::<String>::new(), "max_tokens": 1}),
     );
     check(r, 400, None);
     let r = post(

@@ -4,16 +4,17 @@
 use agentd_chat::{
     parse_output, ChatDelta, OutputOptions, ReasoningMode, RenderOptions, StreamParser, ToolCallIds,
 };
-use agentd_engine::GenerateRequest;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::future::try_join_all;
 use futures_util::stream::{self, StreamExt};
 use serde_json::Value as Json_;
 
 use crate::app::{parse_json, SharedState};
+use crate::choices::{self, Choice, ChoiceStep};
 use crate::error::ApiError;
 use crate::generation::{collect, Generation, Step};
 use crate::protocol::{
@@ -68,29 +69,17 @@ pub async fn handle(
         reasoning: ReasoningMode::from_enable_thinking(opts.enable_thinking()),
         tool_calls: parse_tools,
     };
-    let prompt_len = prompt.len();
+    let n = choices::count(req.common.n, 1)?;
     tracing::info!(
         program = ?program.program,
-        prompt_tokens = prompt_len,
+        prompt_tokens = prompt.len(),
         max_tokens = sampling.params.max_tokens,
+        n,
         stream = req.common.stream,
         tools = parse_tools,
         "chat completion"
     );
-    state.declare_tools(&program)?;
-    let engine_stream = state.engine.submit(GenerateRequest {
-        program: program.program,
-        prompt,
-        sampling: sampling.params,
-        final_request: program.final_request,
-    })?;
-    let gen = Generation::new(
-        engine_stream,
-        state.tokenizer.clone(),
-        sampling.stop,
-        top.is_some(),
-        prompt_len,
-    );
+    let choices = choices::submit(&state, &program, vec![(prompt, sampling)], n, top.is_some())?;
     let meta = Meta {
         id: state.request_id("chatcmpl"),
         created: unix_now(),
@@ -102,39 +91,48 @@ pub async fn handle(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        Ok(stream_response(
-            gen,
+        return Ok(stream_response(
+            choices,
             output,
             meta,
             include_usage,
             top.is_some(),
-        ))
-    } else {
-        let done = collect(gen).await?;
-        let parsed = parse_output(&done.text, output, &mut ToolCallIds::Random);
-        let reason = finish_reason(done.reason, !parsed.tool_calls.is_empty());
-        let response = ChatCompletionResponse {
-            id: meta.id,
-            object: "chat.completion",
-            created: meta.created,
-            model: meta.model,
-            choices: vec![ChatChoice {
-                index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: parsed.content,
-                    reasoning_content: parsed.reasoning_content,
-                    tool_calls: parsed.tool_calls,
-                },
-                logprobs: top.is_some().then_some(ChatLogprobs {
-                    content: done.logprobs,
-                }),
-                finish_reason: reason,
-            }],
-            usage: done.usage,
-        };
-        Ok(Json(response).into_response())
+        ));
     }
+    let done = try_join_all(choices.into_iter().map(|c| async move {
+        let first = c.first_of_prompt;
+        collect(c.gen).await.map(|d| (c.index, first, d))
+    }))
+    .await?;
+    let mut usages = Vec::with_capacity(done.len());
+    let mut out = Vec::with_capacity(done.len());
+    for (index, first, d) in done {
+        let parsed = parse_output(&d.text, output, &mut ToolCallIds::Random);
+        let reason = finish_reason(d.reason, !parsed.tool_calls.is_empty());
+        usages.push((first, d.usage));
+        out.push(ChatChoice {
+            index,
+            message: AssistantMessage {
+                role: "assistant",
+                content: parsed.content,
+                reasoning_content: parsed.reasoning_content,
+                tool_calls: parsed.tool_calls,
+            },
+            logprobs: top.is_some().then_some(ChatLogprobs {
+                content: d.logprobs,
+            }),
+            finish_reason: reason,
+        });
+    }
+    let response = ChatCompletionResponse {
+        id: meta.id,
+        object: "chat.completion",
+        created: meta.created,
+        model: meta.model,
+        choices: out,
+        usage: choices::merge_usage(&usages),
+    };
+    Ok(Json(response).into_response())
 }
 
 /// OpenAI reports `tool_calls` when the model stopped after calling tools.
@@ -146,14 +144,31 @@ fn finish_reason(reason: &'static str, called_tools: bool) -> &'static str {
     }
 }
 
+#[derive(Clone)]
 struct Meta {
     id: String,
     created: u64,
     model: String,
 }
 
+impl Meta {
+    fn usage_chunk(&self, usage: UsageInfo) -> Bytes {
+        sse::event(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices: Vec::new(),
+            usage: Some(Some(usage)),
+        })
+    }
+}
+
+/// One choice of a streamed chat completion.
 struct ChatStream {
     gen: Generation,
+    index: usize,
+    first_of_prompt: bool,
     parser: StreamParser,
     meta: Meta,
     include_usage: bool,
@@ -179,7 +194,7 @@ impl ChatStream {
             created: self.meta.created,
             model: self.meta.model.clone(),
             choices: vec![ChatChunkChoice {
-                index: 0,
+                index: self.index,
                 delta: ChunkDelta {
                     role: role.then_some("assistant"),
                     delta,
@@ -202,27 +217,28 @@ impl ChatStream {
         }
     }
 
-    /// The chunks of the next step; `None` when the stream is over.
-    async fn step(&mut self) -> Option<Vec<Bytes>> {
+    /// The chunks of the next step; `None` when the choice is over.
+    async fn step(&mut self) -> Option<ChoiceStep> {
         if self.done {
             return None;
         }
-        let mut out = Vec::new();
         if !self.started {
             self.started = true;
             let first = ChatDelta {
                 content: Some(String::new()),
                 ..ChatDelta::default()
             };
-            out.push(self.chunk(true, first, None, None));
-            return Some(out);
+            return Some(ChoiceStep::Chunks(
+                vec![self.chunk(true, first, None, None)],
+            ));
         }
-        let ended = match self.gen.next().await {
+        let mut out = Vec::new();
+        let step = match self.gen.next().await {
             Ok(Some(Step::Piece(p))) => {
                 self.pending_logprobs.extend(p.logprobs);
                 let d = self.parser.push(&p.text);
                 self.deltas(d, &mut out);
-                false
+                return Some(ChoiceStep::Chunks(out));
             }
             Ok(Some(Step::Finished {
                 piece,
@@ -239,63 +255,55 @@ impl ChatStream {
                     .then(|| std::mem::take(&mut self.pending_logprobs))
                     .filter(|l| !l.is_empty());
                 out.push(self.chunk(false, ChatDelta::default(), lp, Some(reason)));
-                if self.include_usage {
-                    out.push(self.usage_chunk(usage));
+                ChoiceStep::Finished {
+                    chunks: out,
+                    usage,
+                    first_of_prompt: self.first_of_prompt,
                 }
-                true
             }
-            Ok(None) => true,
+            Ok(None) => return None,
             Err(e) => {
                 tracing::warn!(error = %e, "chat stream failed");
-                out.push(sse::event(&e.body()));
-                true
+                ChoiceStep::Failed(sse::event(&e.body()))
             }
         };
-        // However the stream ends (finished, engine gone, error), the
-        // terminator goes out once.
-        if ended {
-            out.push(Bytes::from_static(sse::DONE));
-            self.done = true;
-        }
-        Some(out)
-    }
-
-    fn usage_chunk(&self, usage: UsageInfo) -> Bytes {
-        sse::event(&ChatCompletionChunk {
-            id: self.meta.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.meta.created,
-            model: self.meta.model.clone(),
-            choices: Vec::new(),
-            usage: Some(Some(usage)),
-        })
+        self.done = true;
+        Some(step)
     }
 }
 
 fn stream_response(
-    gen: Generation,
+    choices: Vec<Choice>,
     output: OutputOptions,
     meta: Meta,
     include_usage: bool,
     logprobs: bool,
 ) -> Response {
-    let state = ChatStream {
-        gen,
-        parser: StreamParser::new(output, ToolCallIds::Random),
-        meta,
-        include_usage,
-        logprobs,
-        pending_logprobs: Vec::new(),
-        called_tools: false,
-        started: false,
-        done: false,
-    };
-    let chunks = stream::unfold(state, |mut s| async move {
-        let out = s.step().await?;
-        Some((stream::iter(out), s))
-    })
-    .flatten();
-    sse::response(chunks)
+    let streams = choices
+        .into_iter()
+        .map(|c| {
+            let state = ChatStream {
+                gen: c.gen,
+                index: c.index,
+                first_of_prompt: c.first_of_prompt,
+                parser: StreamParser::new(output, ToolCallIds::Random),
+                meta: meta.clone(),
+                include_usage,
+                logprobs,
+                pending_logprobs: Vec::new(),
+                called_tools: false,
+                started: false,
+                done: false,
+            };
+            stream::unfold(state, |mut s| async move {
+                let step = s.step().await?;
+                Some((step, s))
+            })
+            .boxed()
+        })
+        .collect();
+    let usage_chunk = move |usage| meta.usage_chunk(usage);
+    sse::response(choices::merge(streams, usage_chunk, include_usage))
 }
 
 #[cfg(test)]

@@ -1,14 +1,15 @@
 //! `POST /v1/completions`: a text or token-id prompt, raw text out.
 
-use agentd_engine::GenerateRequest;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, StreamExt};
+use futures_util::future::try_join_all;
+use futures_util::stream::{self, BoxStream, StreamExt};
 
 use crate::app::{parse_json, SharedState};
+use crate::choices::{self, ChoiceStep};
 use crate::error::ApiError;
 use crate::generation::{collect, Generation, Piece, Step};
 use crate::protocol::{
@@ -17,28 +18,34 @@ use crate::protocol::{
 };
 use crate::{program_id, sampling, sse};
 
-/// The prompt's token ids. Several prompts in one request (OpenAI's batch
-/// form) are refused: one request is one turn of one program here.
-fn prompt_tokens(state: &SharedState, prompt: PromptSpec) -> Result<(Vec<u32>, String), ApiError> {
-    let many = || {
-        ApiError::invalid(
-            "prompt",
-            "only one prompt per request is supported; send one request per prompt",
-        )
+/// The prompts' token ids and texts: one prompt, or OpenAI's batch form (a
+/// list of strings or of token-id lists), each prompt giving `n` choices.
+fn prompt_list(
+    state: &SharedState,
+    prompt: PromptSpec,
+) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
+    let text = |t: String| -> Result<(Vec<u32>, String), ApiError> {
+        Ok((state.tokenizer.encode(&t, false)?, t))
     };
-    match prompt {
-        PromptSpec::Text(t) => Ok((state.tokenizer.encode(&t, false)?, t)),
-        PromptSpec::Texts(mut v) if v.len() == 1 => {
-            let t = v.pop().unwrap_or_default();
-            Ok((state.tokenizer.encode(&t, false)?, t))
-        }
-        PromptSpec::Texts(_) => Err(many()),
-        PromptSpec::Tokens(ids) => tokens_prompt(state, ids),
-        PromptSpec::TokenLists(mut v) if v.len() == 1 => {
-            tokens_prompt(state, v.pop().unwrap_or_default())
-        }
-        PromptSpec::TokenLists(_) => Err(many()),
+    let list = match prompt {
+        PromptSpec::Text(t) => vec![text(t)?],
+        PromptSpec::Texts(v) => v.into_iter().map(text).collect::<Result<_, _>>()?,
+        PromptSpec::Tokens(ids) => vec![tokens_prompt(state, ids)?],
+        PromptSpec::TokenLists(v) => v
+            .into_iter()
+            .map(|ids| tokens_prompt(state, ids))
+            .collect::<Result<_, _>>()?,
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt list is empty"));
     }
+    if list.len() > choices::MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {} prompts per request", choices::MAX_CHOICES),
+        ));
+    }
+    Ok(list)
 }
 
 fn tokens_prompt(state: &SharedState, ids: Vec<u32>) -> Result<(Vec<u32>, String), ApiError> {
@@ -62,93 +69,126 @@ pub async fn handle(
     let req: CompletionRequest = parse_json(&body)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
-    let (prompt, prompt_text) = prompt_tokens(&state, req.prompt)?;
-    let sampling = sampling::build(&req.common, req.logprobs, prompt.len(), state.max_model_len)?;
-    let prompt_len = prompt.len();
-    tracing::info!(
-        program = ?program.program,
-        prompt_tokens = prompt_len,
-        max_tokens = sampling.params.max_tokens,
-        stream = req.common.stream,
-        "completion"
-    );
-    state.declare_tools(&program)?;
-    let engine_stream = state.engine.submit(GenerateRequest {
-        program: program.program,
-        prompt,
-        sampling: sampling.params,
-        final_request: program.final_request,
-    })?;
+    let prompts = prompt_list(&state, req.prompt)?;
+    let n = choices::count(req.common.n, prompts.len())?;
+    let mut texts = Vec::with_capacity(prompts.len());
+    let mut submit = Vec::with_capacity(prompts.len());
+    for (ids, text) in prompts {
+        let sampling = sampling::build(&req.common, req.logprobs, ids.len(), state.max_model_len)?;
+        tracing::info!(
+            program = ?program.program,
+            prompt_tokens = ids.len(),
+            max_tokens = sampling.params.max_tokens,
+            n,
+            stream = req.common.stream,
+            "completion"
+        );
+        texts.push(text);
+        submit.push((ids, sampling));
+    }
     let logprobs = req.logprobs.is_some();
-    let gen = Generation::new(
-        engine_stream,
-        state.tokenizer.clone(),
-        sampling.stop,
-        logprobs,
-        prompt_len,
-    );
-    let echo = req.echo.then_some(prompt_text);
-    let mut s = CompletionStream {
-        gen,
+    let choices = choices::submit(&state, &program, submit, n, logprobs)?;
+    let meta = Meta {
         id: state.request_id("cmpl"),
         created: unix_now(),
         model: state.model_name.clone(),
-        logprobs,
-        include_usage: req
+    };
+    let echo = |index: usize| req.echo.then(|| texts[index / n].clone());
+    if req.common.stream {
+        let include_usage = req
             .common
             .stream_options
             .as_ref()
-            .is_some_and(|o| o.include_usage),
-        offset: 0,
-        done: false,
-    };
-    if req.common.stream {
-        if let Some(text) = echo {
-            // The echoed prompt goes first, as its own chunk.
-            s.offset = text.len();
-            let first = s.chunk(
-                Piece {
-                    text,
-                    logprobs: Vec::new(),
-                },
-                None,
-            );
-            let head = stream::iter(vec![first]);
-            return Ok(sse::response(head.chain(s.into_stream())));
-        }
-        return Ok(sse::response(s.into_stream()));
+            .is_some_and(|o| o.include_usage);
+        let streams = choices
+            .into_iter()
+            .map(|c| {
+                CompletionStream {
+                    echo: echo(c.index),
+                    gen: c.gen,
+                    index: c.index,
+                    first_of_prompt: c.first_of_prompt,
+                    meta: meta.clone(),
+                    logprobs,
+                    include_usage,
+                    offset: 0,
+                    done: false,
+                }
+                .into_stream()
+            })
+            .collect();
+        let usage_meta = meta.clone();
+        let usage_chunk = move |usage| usage_meta.usage_chunk(usage);
+        return Ok(sse::response(choices::merge(
+            streams,
+            usage_chunk,
+            include_usage,
+        )));
     }
-    let done = collect(s.gen).await?;
-    let mut text = echo.unwrap_or_default();
-    let lp = logprobs.then(|| {
-        let mut lp = CompletionLogprobs::default();
-        lp.extend(&done.logprobs, text.len());
-        lp
-    });
-    text.push_str(&done.text);
-    Ok(Json(CompletionResponse {
-        id: s.id,
-        object: "text_completion",
-        created: s.created,
-        model: s.model,
-        choices: vec![CompletionChoice {
-            index: 0,
+    let done = try_join_all(choices.into_iter().map(|c| async move {
+        let first = c.first_of_prompt;
+        collect(c.gen).await.map(|d| (c.index, first, d))
+    }))
+    .await?;
+    let mut usages = Vec::with_capacity(done.len());
+    let mut out = Vec::with_capacity(done.len());
+    for (index, first, d) in done {
+        let mut text = echo(index).unwrap_or_default();
+        let lp = logprobs.then(|| {
+            let mut lp = CompletionLogprobs::default();
+            lp.extend(&d.logprobs, text.len());
+            lp
+        });
+        text.push_str(&d.text);
+        usages.push((first, d.usage));
+        out.push(CompletionChoice {
+            index,
             text,
             logprobs: lp,
-            finish_reason: Some(done.reason),
-        }],
-        usage: Some(Some(done.usage)),
+            finish_reason: Some(d.reason),
+        });
+    }
+    Ok(Json(CompletionResponse {
+        id: meta.id,
+        object: "text_completion",
+        created: meta.created,
+        model: meta.model,
+        choices: out,
+        usage: Some(Some(choices::merge_usage(&usages))),
     })
     .into_response())
 }
 
-struct CompletionStream {
-    gen: Generation,
+#[derive(Clone)]
+struct Meta {
     id: String,
     created: u64,
     model: String,
+}
+
+impl Meta {
+    fn usage_chunk(&self, usage: UsageInfo) -> Bytes {
+        sse::event(&CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices: Vec::new(),
+            usage: Some(Some(usage)),
+        })
+    }
+}
+
+/// One choice of a streamed completion.
+struct CompletionStream {
+    gen: Generation,
+    index: usize,
+    first_of_prompt: bool,
+    meta: Meta,
     logprobs: bool,
     include_usage: bool,
+    /// The echoed prompt, sent as the choice's first chunk.
+    echo: Option<String>,
     /// Bytes of text sent so far (`text_offset` of the next token).
     offset: usize,
     done: bool,
@@ -163,12 +203,12 @@ impl CompletionStream {
         });
         self.offset += piece.text.len();
         sse::event(&CompletionResponse {
-            id: self.id.clone(),
+            id: self.meta.id.clone(),
             object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
+            created: self.meta.created,
+            model: self.meta.model.clone(),
             choices: vec![CompletionChoice {
-                index: 0,
+                index: self.index,
                 text: piece.text,
                 logprobs: lp,
                 finish_reason: finish,
@@ -177,59 +217,43 @@ impl CompletionStream {
         })
     }
 
-    fn usage_chunk(&self, usage: UsageInfo) -> Bytes {
-        sse::event(&CompletionResponse {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            choices: Vec::new(),
-            usage: Some(Some(usage)),
-        })
-    }
-
-    async fn step(&mut self) -> Option<Vec<Bytes>> {
+    async fn step(&mut self) -> Option<ChoiceStep> {
         if self.done {
             return None;
         }
-        let mut out = Vec::new();
-        let ended = match self.gen.next().await {
-            Ok(Some(Step::Piece(p))) => {
-                out.push(self.chunk(p, None));
-                false
-            }
+        if let Some(text) = self.echo.take() {
+            let piece = Piece {
+                text,
+                logprobs: Vec::new(),
+            };
+            return Some(ChoiceStep::Chunks(vec![self.chunk(piece, None)]));
+        }
+        let step = match self.gen.next().await {
+            Ok(Some(Step::Piece(p))) => return Some(ChoiceStep::Chunks(vec![self.chunk(p, None)])),
             Ok(Some(Step::Finished {
                 piece,
                 reason,
                 usage,
-            })) => {
-                out.push(self.chunk(piece, Some(reason)));
-                if self.include_usage {
-                    out.push(self.usage_chunk(usage));
-                }
-                true
-            }
-            Ok(None) => true,
+            })) => ChoiceStep::Finished {
+                chunks: vec![self.chunk(piece, Some(reason))],
+                usage,
+                first_of_prompt: self.first_of_prompt,
+            },
+            Ok(None) => return None,
             Err(e) => {
                 tracing::warn!(error = %e, "completion stream failed");
-                out.push(sse::event(&e.body()));
-                true
+                ChoiceStep::Failed(sse::event(&e.body()))
             }
         };
-        // However the stream ends (finished, engine gone, error), the
-        // terminator goes out once.
-        if ended {
-            out.push(Bytes::from_static(sse::DONE));
-            self.done = true;
-        }
-        Some(out)
+        self.done = true;
+        Some(step)
     }
 
-    fn into_stream(self) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+    fn into_stream(self) -> BoxStream<'static, ChoiceStep> {
         stream::unfold(self, |mut s| async move {
-            let out = s.step().await?;
-            Some((stream::iter(out), s))
+            let step = s.step().await?;
+            Some((step, s))
         })
-        .flatten()
+        .boxed()
     }
 }

@@ -1,0 +1,312 @@
+//! The GPU: one context and stream, the embedded kernels, cuBLAS, and device
+//! buffers. Single-stream by design: every call is ordered on `stream`, so
+//! cudarc's per-buffer event tracking is switched off (it would record an
+//! event per pointer use).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{CudaError, Result};
+use crate::plan::{Dtype, MAX_SMEM_BYTES};
+
+/// The fat binaries build.rs compiled from `kernels/`.
+const MODULES: [(&str, &[u8]); 3] = [
+    (
+        "layers",
+        include_bytes!(concat!(env!("OUT_DIR"), "/layers.fatbin")),
+    ),
+    (
+        "cache",
+        include_bytes!(concat!(env!("OUT_DIR"), "/cache.fatbin")),
+    ),
+    (
+        "attention",
+        include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin")),
+    ),
+];
+
+/// Entry points per module (the `extern "C"` names in the .cu files).
+fn entry_points(module: &str) -> Vec<String> {
+    let typed = |names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .flat_map(|n| [format!("{n}_bf16"), format!("{n}_f16")])
+            .collect()
+    };
+    match module {
+        "layers" => typed(&[
+            "embed",
+            "add_rms_norm",
+            "head_norm_rope",
+            "silu_mul",
+            "fill_uniform",
+        ]),
+        "cache" => {
+            let mut v = typed(&["reshape_and_cache"]);
+            v.push("copy_blocks".into());
+            v
+        }
+        _ => {
+            let mut v = typed(&["paged_decode_reduce"]);
+            for t in ["bf16", "f16"] {
+                for d in crate::plan::HEAD_DIMS {
+                    v.push(format!("paged_decode_{t}_d{d}"));
+                    v.push(format!("paged_prefill_{t}_d{d}"));
+                }
+            }
+            v
+        }
+    }
+}
+
+pub(crate) fn driver_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
+    move |e| CudaError::Driver {
+        op: op.to_string(),
+        msg: format!("{e:?}"),
+    }
+}
+
+fn blas_err(op: &str) -> impl Fn(cudarc::cublas::result::CublasError) -> CudaError + '_ {
+    move |e| CudaError::Blas {
+        op: op.to_string(),
+        msg: format!("{e:?}"),
+    }
+}
+
+/// A kernel argument: device pointers travel as raw addresses, so a kernel
+/// can take a view into a buffer (the K part of the fused QKV rows) or null.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+}
+
+/// A device buffer of `T`.
+pub type Buf<T> = CudaSlice<T>;
+
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    funcs: HashMap<String, CudaFunction>,
+}
+
+impl Gpu {
+    /// Whether a CUDA driver and at least one device are present.
+    pub fn available() -> bool {
+        // SAFETY: only probes whether the driver library can be loaded.
+        let lib = unsafe { sys::is_culib_present() };
+        lib && CudaContext::device_count().map(|n| n > 0).unwrap_or(false)
+    }
+
+    /// Opens device `ordinal` and loads every kernel.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // SAFETY: as above.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoDevice(
+                "the CUDA driver library (libcuda.so) is not loadable".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
+        // SAFETY: nothing has been allocated yet; one stream orders all work.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone()).map_err(blas_err("cublasCreate"))?;
+        let mut funcs = HashMap::new();
+        for (name, image) in MODULES {
+            let module = ctx
+                .load_module(Ptx::from_binary(image.to_vec()))
+                .map_err(driver_err(name))?;
+            for f in entry_points(name) {
+                let func = module.load_function(&f).map_err(driver_err(&f))?;
+                // Opt in to more than 48 KiB of dynamic shared memory (the
+                // attention kernels' tiles); harmless for the others.
+                func.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    MAX_SMEM_BYTES as i32,
+                )
+                .map_err(driver_err(&f))?;
+                funcs.insert(f, func);
+            }
+        }
+        tracing::info!(device = %Self::name_of(&ctx), kernels = funcs.len(), "CUDA device ready");
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            funcs,
+        })
+    }
+
+    fn name_of(ctx: &CudaContext) -> String {
+        ctx.name().unwrap_or_else(|_| "unknown".into())
+    }
+
+    pub fn name(&self) -> String {
+        Self::name_of(&self.ctx)
+    }
+
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        self.ctx
+            .compute_capability()
+            .map_err(driver_err("compute_capability"))
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(driver_err("synchronize"))
+    }
+
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<Buf<T>> {
+        self.stream
+            .alloc_zeros(n.max(1))
+            .map_err(driver_err("alloc"))
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<Buf<T>> {
+        if host.is_empty() {
+            // SAFETY: a one-element buffer nothing reads (kernels get n = 0).
+            return unsafe { self.stream.alloc(1) }.map_err(driver_err("alloc"));
+        }
+        self.stream.clone_htod(host).map_err(driver_err("upload"))
+    }
+
+    pub fn upload_into<T: DeviceRepr>(&self, host: &[T], dst: &mut Buf<T>) -> Result<()> {
+        self.stream
+            .memcpy_htod(host, dst)
+            .map_err(driver_err("upload"))
+    }
+
+    pub fn download<T: DeviceRepr + Clone + Default>(&self, buf: &Buf<T>) -> Result<Vec<T>> {
+        self.stream.clone_dtoh(buf).map_err(driver_err("download"))
+    }
+
+    /// Device address of `buf` plus `offset` elements.
+    pub fn ptr<T>(&self, buf: &Buf<T>, offset: usize) -> u64 {
+        let (p, _guard) = buf.device_ptr(&self.stream);
+        p + (offset * std::mem::size_of::<T>()) as u64
+    }
+
+    /// Launches `name` and checks the launch.
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: usize,
+        args: &[Arg],
+    ) -> Result<()> {
+        let func = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(func);
+        for a in args {
+            match a {
+                Arg::Ptr(p) | Arg::U64(p) => b.arg(p),
+                Arg::I32(v) => b.arg(v),
+                Arg::I64(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // SAFETY: each wrapper in ops.rs passes the argument list its kernel
+        // declares, with buffers sized for the launch.
+        unsafe { b.launch(cfg) }.map_err(driver_err(name))?;
+        Ok(())
+    }
+
+    /// Row-major `y[t, n] = x[t, k] · w[n, k]ᵀ` (weights as Hugging Face stores
+    /// them), f32 accumulation; `y` is f32 when `y_f32`, else `dtype`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(
+        &self,
+        dtype: Dtype,
+        x: u64,
+        w: u64,
+        y: u64,
+        y_f32: bool,
+        t: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        if t == 0 {
+            return Ok(());
+        }
+        let ty = match dtype {
+            Dtype::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+            Dtype::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+        };
+        let cty = if y_f32 {
+            blas_sys::cudaDataType::CUDA_R_32F
+        } else {
+            ty
+        };
+        let (alpha, beta) = (1f32, 0f32);
+        // Column-major view: yᵀ[n, t] = (wᵀ)ᵀ[n, k] · xᵀ[k, t].
+        // SAFETY: the caller sized x, w and y for (t, n, k).
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                t as i32,
+                k as i32,
+                (&alpha) as *const f32 as *const _,
+                w as *const _,
+                ty,
+                k as i32,
+                x as *const _,
+                ty,
+                k as i32,
+                (&beta) as *const f32 as *const _,
+                y as *mut _,
+                cty,
+                n as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err("gemm"))
+    }
+
+    /// Device-to-device copy of `n` elements (bandwidth measurement).
+    pub fn copy<T: DeviceRepr>(&self, src: &Buf<T>, dst: &mut Buf<T>) -> Result<()> {
+        self.stream
+            .memcpy_dtod(src, dst)
+            .map_err(driver_err("memcpy_dtod"))
+    }
+
+    /// Elapsed milliseconds of `f` on the stream, timed with CUDA events.
+    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(flags).map_err(driver_err("event"))?;
+        let end = self.ctx.new_event(flags).map_err(driver_err("event"))?;
+        start.record(&self.stream).map_err(driver_err("event"))?;
+        f()?;
+        end.record(&self.stream).map_err(driver_err("event"))?;
+        end.synchronize().map_err(driver_err("event"))?;
+        start.elapsed_ms(&end).map_err(driver_err("event"))
+    }
+}

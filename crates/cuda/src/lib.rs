@@ -1,0 +1,44 @@
+//! The CUDA backend of agentd (DESIGN.md §5): the kernels in `kernels/`
+//! (paged decode and prefill attention, cache write and block copy, fused
+//! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul), cuBLAS for the
+//! dense layers, and Qwen3 on the GPU over a caller-owned paged KV cache with
+//! the same [`agentd_models::BatchInput`] as the CPU runtime.
+//!
+//! - [`plan`]: host-side launch planning (split-K partitions, prefill tiles,
+//!   RoPE tables, shape limits). Pure, always built, tested in CI.
+//! - `device` (feature `cuda`): context, stream, embedded kernels, cuBLAS.
+//! - `ops` (feature `cuda`): one typed wrapper per kernel.
+//! - `model`, `forward` (feature `cuda`): [`GpuQwen3`] and [`GpuKvCache`].
+//! - `runner` (feature `cuda`): [`GpuRunner`], the engine's `StepRunner`.
+//!
+//! Without the `cuda` feature nothing here needs a CUDA toolkit or a GPU.
+//! With it, the driver and cuBLAS are loaded at run time (cudarc's dynamic
+//! loading), so a binary built on a machine without a GPU runs on one with it.
+
+pub mod error;
+pub mod plan;
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod forward;
+#[cfg(feature = "cuda")]
+mod model;
+#[cfg(feature = "cuda")]
+mod ops;
+#[cfg(feature = "cuda")]
+mod runner;
+
+#[cfg(feature = "cuda")]
+pub use device::{Buf, Gpu};
+#[cfg(feature = "cuda")]
+pub use forward::DeviceLogits;
+#[cfg(feature = "cuda")]
+pub use model::{GpuKvCache, GpuQwen3};
+#[cfg(feature = "cuda")]
+pub use ops::DecodeScratch;
+#[cfg(feature = "cuda")]
+pub use runner::GpuRunner;
+
+pub use error::{CudaError, Result};
+pub use plan::Dtype;

@@ -1,0 +1,242 @@
+//! Qwen3 dense on the GPU: the same decoder as `agentd_models::qwen3` (pre-norm
+//! GQA layers with per-head q/k RMSNorm before RoPE, SwiGLU MLP, tied or
+//! untied output head), with weights in bf16/f16, cuBLAS for the products and
+//! the kernels of `kernels/` for the rest. Like the CPU model it keeps no
+//! state between calls: each step gets the flattened batch and the cache.
+//!
+//! Fusions: Q, K and V are one product (their weight rows concatenated), and
+//! gate and up are one; the residual stream stays in f32 and each RMSNorm is
+//! fused with the residual add before it.
+
+use std::sync::Arc;
+
+use agentd_models::layers::{inv_freq, to_f32_vec};
+use agentd_models::loader::Weights;
+use agentd_models::{KvCacheConfig, Qwen3Config};
+
+use crate::device::{Buf, Gpu};
+use crate::error::{CudaError, Result};
+use crate::forward::Workspace;
+use crate::plan::{rope_table, AttnShape, Dtype};
+
+pub(crate) struct Layer {
+    pub(crate) qkv: Buf<u16>,
+    pub(crate) o: Buf<u16>,
+    pub(crate) gate_up: Buf<u16>,
+    pub(crate) down: Buf<u16>,
+    pub(crate) input_norm: Buf<f32>,
+    pub(crate) post_norm: Buf<f32>,
+    pub(crate) q_norm: Buf<f32>,
+    pub(crate) k_norm: Buf<f32>,
+}
+
+/// A paged KV cache in device memory: per layer, K and V shaped
+/// `[num_blocks, num_kv_heads, block_size, head_dim]` (as on the CPU).
+pub struct GpuKvCache {
+    pub(crate) k: Vec<Buf<u16>>,
+    pub(crate) v: Vec<Buf<u16>>,
+    pub(crate) cfg: KvCacheConfig,
+}
+
+impl GpuKvCache {
+    pub fn new(gpu: &Gpu, cfg: KvCacheConfig) -> Result<Self> {
+        let n = cfg.num_blocks * cfg.num_kv_heads * cfg.block_size * cfg.head_dim;
+        let mut k = Vec::with_capacity(cfg.num_layers);
+        let mut v = Vec::with_capacity(cfg.num_layers);
+        for _ in 0..cfg.num_layers {
+            k.push(gpu.zeros::<u16>(n)?);
+            v.push(gpu.zeros::<u16>(n)?);
+        }
+        Ok(GpuKvCache { k, v, cfg })
+    }
+
+    pub fn config(&self) -> &KvCacheConfig {
+        &self.cfg
+    }
+
+    /// Fills every block with random values (benchmarks: a cache "prefilled"
+    /// without running prefill).
+    pub fn fill_random(&mut self, gpu: &Gpu, dt: Dtype, seed: u64) -> Result<()> {
+        for (i, buf) in self.k.iter().chain(&self.v).enumerate() {
+            gpu.fill_uniform(dt, gpu.ptr(buf, 0), buf.len(), seed + i as u64, -1.0, 1.0)?;
+        }
+        Ok(())
+    }
+
+    /// K and V of `layer`, as host values (tests).
+    pub fn download_layer(&self, gpu: &Gpu, layer: usize) -> Result<(Vec<u16>, Vec<u16>)> {
+        Ok((gpu.download(&self.k[layer])?, gpu.download(&self.v[layer])?))
+    }
+}
+
+pub struct GpuQwen3 {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) cfg: Qwen3Config,
+    pub(crate) dtype: Dtype,
+    pub(crate) embed: Buf<u16>,
+    pub(crate) lm_head: Option<Buf<u16>>,
+    pub(crate) norm: Buf<f32>,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) cos_sin: Buf<f32>,
+    /// Activation buffers reused across steps (grown on demand): one model
+    /// runs on one stream, so steps never overlap.
+    pub(crate) workspace: std::sync::Mutex<Option<Workspace>>,
+}
+
+fn check_config(cfg: &Qwen3Config) -> Result<()> {
+    if cfg.attention_bias {
+        return Err(CudaError::Unsupported(
+            "attention_bias (no Qwen3 checkpoint uses it)".into(),
+        ));
+    }
+    AttnShape {
+        num_heads: cfg.num_attention_heads,
+        num_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        block_size: 1,
+    }
+    .check()
+}
+
+impl GpuQwen3 {
+    /// Uploads a checkpoint loaded by the CPU loader, rounding to `dtype`.
+    pub fn from_weights(
+        gpu: Arc<Gpu>,
+        cfg: Qwen3Config,
+        w: &Weights,
+        dtype: Dtype,
+    ) -> Result<Self> {
+        check_config(&cfg)?;
+        let (h, kv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (hid, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let host = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            Ok(to_f32_vec(&w.get(name, shape)?)?)
+        };
+        let half = |v: Vec<f32>| gpu.upload(&dtype.encode_all(&v));
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let mut qkv = host(&format!("{a}.q_proj.weight"), &[h * d, hid])?;
+            qkv.extend(host(&format!("{a}.k_proj.weight"), &[kv * d, hid])?);
+            qkv.extend(host(&format!("{a}.v_proj.weight"), &[kv * d, hid])?);
+            let mut gate_up = host(&format!("{p}.mlp.gate_proj.weight"), &[inter, hid])?;
+            gate_up.extend(host(&format!("{p}.mlp.up_proj.weight"), &[inter, hid])?);
+            layers.push(Layer {
+                qkv: half(qkv)?,
+                o: half(host(&format!("{a}.o_proj.weight"), &[hid, h * d])?)?,
+                gate_up: half(gate_up)?,
+                down: half(host(&format!("{p}.mlp.down_proj.weight"), &[hid, inter])?)?,
+                input_norm: gpu.upload(&host(&format!("{p}.input_layernorm.weight"), &[hid])?)?,
+                post_norm: gpu.upload(&host(
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    &[hid],
+                )?)?,
+                q_norm: gpu.upload(&host(&format!("{a}.q_norm.weight"), &[d])?)?,
+                k_norm: gpu.upload(&host(&format!("{a}.k_norm.weight"), &[d])?)?,
+            });
+        }
+        let embed = half(host("model.embed_tokens.weight", &[vocab, hid])?)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(half(host("lm_head.weight", &[vocab, hid])?)?)
+        };
+        let norm = gpu.upload(&host("model.norm.weight", &[hid])?)?;
+        let cos_sin = gpu.upload(&rope_table(&inv_freq(&cfg), cfg.max_position_embeddings))?;
+        Ok(GpuQwen3 {
+            gpu,
+            cfg,
+            dtype,
+            embed,
+            lm_head,
+            norm,
+            layers,
+            cos_sin,
+            workspace: Default::default(),
+        })
+    }
+
+    /// A model of `cfg`'s shape with deterministic random weights made on the
+    /// device (checkpoints too large to build on the host; benchmarks).
+    pub fn random(gpu: Arc<Gpu>, cfg: Qwen3Config, dtype: Dtype, seed: u64) -> Result<Self> {
+        check_config(&cfg)?;
+        let (h, kv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (hid, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let mut next = seed;
+        let mut rand = |rows: usize, cols: usize| -> Result<Buf<u16>> {
+            let buf = gpu.zeros::<u16>(rows * cols)?;
+            let a = 1.0 / (cols as f32).sqrt();
+            next += 1;
+            gpu.fill_uniform(dtype, gpu.ptr(&buf, 0), rows * cols, next, -a, a)?;
+            Ok(buf)
+        };
+        let ones = |n: usize| gpu.upload(&vec![1f32; n]);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            layers.push(Layer {
+                qkv: rand((h + 2 * kv) * d, hid)?,
+                o: rand(hid, h * d)?,
+                gate_up: rand(2 * inter, hid)?,
+                down: rand(hid, inter)?,
+                input_norm: ones(hid)?,
+                post_norm: ones(hid)?,
+                q_norm: ones(d)?,
+                k_norm: ones(d)?,
+            });
+        }
+        let embed = rand(vocab, hid)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(rand(vocab, hid)?)
+        };
+        let norm = ones(hid)?;
+        let cos_sin = gpu.upload(&rope_table(&inv_freq(&cfg), cfg.max_position_embeddings))?;
+        Ok(GpuQwen3 {
+            gpu,
+            cfg,
+            dtype,
+            embed,
+            lm_head,
+            norm,
+            layers,
+            cos_sin,
+            workspace: Default::default(),
+        })
+    }
+
+    pub fn config(&self) -> &Qwen3Config {
+        &self.cfg
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Bytes of weights one decode step reads (all but the embedding table,
+    /// of which it reads only the batch's rows; a tied head reads it whole).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| (l.qkv.len() + l.o.len() + l.gate_up.len() + l.down.len()) * 2)
+            .sum();
+        per_layer + self.cfg.vocab_size * self.cfg.hidden_size * 2
+    }
+
+    pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> Result<GpuKvCache> {
+        GpuKvCache::new(
+            &self.gpu,
+            KvCacheConfig::for_model(&self.cfg, num_blocks, block_size),
+        )
+    }
+}

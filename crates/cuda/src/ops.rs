@@ -1,0 +1,369 @@
+//! One typed wrapper per kernel of `kernels/`. Pointers are device addresses
+//! (see [`Arg`]); shapes are checked here or by the caller's plan, so a wrong
+//! call fails with an error, not a fault on the GPU.
+
+use crate::device::{Arg, Gpu};
+use crate::error::{CudaError, Result};
+use crate::plan::{decode_plan, prefill_smem_bytes, AttnShape, DecodePlan, Dtype, ATTN_THREADS};
+
+fn name(base: &str, dt: Dtype) -> String {
+    format!("{base}_{}", dt.suffix())
+}
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("{what} = {v} exceeds i32")))
+}
+
+/// Grid for a grid-stride loop over `n` elements.
+fn stride_grid(n: usize) -> u32 {
+    n.div_ceil(256).clamp(1, 65_535) as u32
+}
+
+/// Scratch of the split-K decode: unnormalised partial outputs, maxima and sums.
+pub struct DecodeScratch {
+    pub out: u64,
+    pub max: u64,
+    pub sum: u64,
+}
+
+impl Gpu {
+    /// `residual[t] = emb[ids[t]]` (f32).
+    pub fn embed(
+        &self,
+        dt: Dtype,
+        residual: u64,
+        emb: u64,
+        ids: u64,
+        tokens: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        self.launch(
+            &name("embed", dt),
+            (tokens as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(residual),
+                Arg::Ptr(emb),
+                Arg::Ptr(ids),
+                Arg::I32(i32_of("hidden", hidden)?),
+            ],
+        )
+    }
+
+    /// Fused residual add + RMSNorm (see kernels/layers.cu): `rows` selects
+    /// input rows without updating the residual (the final norm).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm(
+        &self,
+        dt: Dtype,
+        residual: u64,
+        delta: Option<u64>,
+        rows: Option<u64>,
+        w: u64,
+        out: u64,
+        n_rows: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.launch(
+            &name("add_rms_norm", dt),
+            (n_rows as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(residual),
+                Arg::Ptr(delta.unwrap_or(0)),
+                Arg::Ptr(rows.unwrap_or(0)),
+                Arg::Ptr(w),
+                Arg::Ptr(out),
+                Arg::I32(i32_of("hidden", hidden)?),
+                Arg::F32(eps),
+            ],
+        )
+    }
+
+    /// Per-head RMSNorm (when `w` is given) and neox RoPE, in place on
+    /// `heads` heads starting `head_offset` elements into each row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_norm_rope(
+        &self,
+        dt: Dtype,
+        x: u64,
+        w: Option<u64>,
+        positions: u64,
+        cos_sin: u64,
+        tokens: usize,
+        heads: usize,
+        head_offset: usize,
+        row_stride: usize,
+        head_dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if !head_dim.is_multiple_of(2) || head_dim > 2048 {
+            return Err(CudaError::Unsupported(format!(
+                "RoPE over head_dim {head_dim}"
+            )));
+        }
+        self.launch(
+            &name("head_norm_rope", dt),
+            (tokens as u32, heads as u32, 1),
+            (head_dim / 2) as u32,
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(w.unwrap_or(0)),
+                Arg::Ptr(positions),
+                Arg::Ptr(cos_sin),
+                Arg::I32(i32_of("head_offset", head_offset)?),
+                Arg::I32(i32_of("row_stride", row_stride)?),
+                Arg::I32(head_dim as i32),
+                Arg::F32(eps),
+            ],
+        )
+    }
+
+    /// `out[t, i] = silu(gu[t, i]) · gu[t, inter + i]`.
+    pub fn silu_mul(
+        &self,
+        dt: Dtype,
+        out: u64,
+        gu: u64,
+        tokens: usize,
+        inter: usize,
+    ) -> Result<()> {
+        let n = tokens * inter;
+        self.launch(
+            &name("silu_mul", dt),
+            (stride_grid(n), 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(out),
+                Arg::Ptr(gu),
+                Arg::I64(n as i64),
+                Arg::I32(i32_of("inter", inter)?),
+            ],
+        )
+    }
+
+    /// Deterministic uniform values in `[lo, hi)` (synthetic weights).
+    pub fn fill_uniform(
+        &self,
+        dt: Dtype,
+        out: u64,
+        n: usize,
+        seed: u64,
+        lo: f32,
+        hi: f32,
+    ) -> Result<()> {
+        self.launch(
+            &name("fill_uniform", dt),
+            (stride_grid(n), 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(out),
+                Arg::I64(n as i64),
+                Arg::U64(seed),
+                Arg::F32(lo),
+                Arg::F32(hi),
+            ],
+        )
+    }
+
+    /// New K/V rows into their cache slots (`slots`: i64 per token).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reshape_and_cache(
+        &self,
+        dt: Dtype,
+        src: u64,
+        k_offset: usize,
+        v_offset: usize,
+        row_stride: usize,
+        k_cache: u64,
+        v_cache: u64,
+        slots: u64,
+        tokens: usize,
+        shape: &AttnShape,
+    ) -> Result<()> {
+        self.launch(
+            &name("reshape_and_cache", dt),
+            (tokens as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(src),
+                Arg::I32(i32_of("k_offset", k_offset)?),
+                Arg::I32(i32_of("v_offset", v_offset)?),
+                Arg::I32(i32_of("row_stride", row_stride)?),
+                Arg::Ptr(k_cache),
+                Arg::Ptr(v_cache),
+                Arg::Ptr(slots),
+                Arg::I32(shape.num_kv_heads as i32),
+                Arg::I32(shape.head_dim as i32),
+                Arg::I32(i32_of("block_size", shape.block_size)?),
+            ],
+        )
+    }
+
+    /// Copies whole blocks `pairs[2i] -> pairs[2i+1]` (i64) in one layer's K and V.
+    pub fn copy_blocks(
+        &self,
+        k_cache: u64,
+        v_cache: u64,
+        pairs: u64,
+        n_pairs: usize,
+        shape: &AttnShape,
+    ) -> Result<()> {
+        let bytes = shape.num_kv_heads * shape.block_size * shape.head_dim * 2;
+        if !bytes.is_multiple_of(16) {
+            return Err(CudaError::Unsupported(format!(
+                "blocks of {bytes} bytes (not a multiple of 16)"
+            )));
+        }
+        self.launch(
+            "copy_blocks",
+            (n_pairs as u32, 2, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(k_cache),
+                Arg::Ptr(v_cache),
+                Arg::Ptr(pairs),
+                Arg::I32(i32_of("block", bytes / 16)?),
+            ],
+        )
+    }
+
+    /// The split-K plan and scratch sizes (floats) for a decode batch.
+    pub fn decode_scratch_len(
+        shape: &AttnShape,
+        num_seqs: usize,
+        max_context: usize,
+    ) -> (DecodePlan, usize) {
+        let plan = decode_plan(shape, num_seqs, max_context);
+        let rows = num_seqs * shape.num_heads * plan.num_partitions;
+        (plan, rows)
+    }
+
+    /// Decode attention: token s of the batch is the one new token of
+    /// sequence s. `scratch` holds `rows * head_dim`, `rows`, `rows` floats
+    /// (see [`Gpu::decode_scratch_len`]) when the plan has several partitions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_decode(
+        &self,
+        dt: Dtype,
+        shape: &AttnShape,
+        out: u64,
+        q: u64,
+        q_stride: usize,
+        k_cache: u64,
+        v_cache: u64,
+        block_tables: u64,
+        max_blocks: usize,
+        context_lens: u64,
+        num_seqs: usize,
+        max_context: usize,
+        scale: f32,
+        scratch: &DecodeScratch,
+    ) -> Result<()> {
+        shape.check()?;
+        let plan = decode_plan(shape, num_seqs, max_context);
+        let kernel = format!("paged_decode_{}_d{}", dt.suffix(), shape.head_dim);
+        self.launch(
+            &kernel,
+            (
+                shape.num_kv_heads as u32,
+                num_seqs as u32,
+                plan.num_partitions as u32,
+            ),
+            ATTN_THREADS,
+            plan.smem_bytes,
+            &[
+                Arg::Ptr(out),
+                Arg::Ptr(scratch.out),
+                Arg::Ptr(scratch.max),
+                Arg::Ptr(scratch.sum),
+                Arg::Ptr(q),
+                Arg::I32(i32_of("q_stride", q_stride)?),
+                Arg::Ptr(k_cache),
+                Arg::Ptr(v_cache),
+                Arg::Ptr(block_tables),
+                Arg::I32(i32_of("max_blocks", max_blocks)?),
+                Arg::Ptr(context_lens),
+                Arg::I32(shape.num_heads as i32),
+                Arg::I32(shape.num_kv_heads as i32),
+                Arg::I32(i32_of("block_size", shape.block_size)?),
+                Arg::F32(scale),
+                Arg::I32(plan.partition as i32),
+                Arg::I32(plan.num_partitions as i32),
+            ],
+        )?;
+        if plan.num_partitions == 1 {
+            return Ok(());
+        }
+        self.launch(
+            &name("paged_decode_reduce", dt),
+            (shape.num_heads as u32, num_seqs as u32, 1),
+            shape.head_dim as u32,
+            0,
+            &[
+                Arg::Ptr(out),
+                Arg::Ptr(scratch.out),
+                Arg::Ptr(scratch.max),
+                Arg::Ptr(scratch.sum),
+                Arg::Ptr(context_lens),
+                Arg::I32(shape.num_heads as i32),
+                Arg::I32(shape.head_dim as i32),
+                Arg::I32(plan.partition as i32),
+                Arg::I32(plan.num_partitions as i32),
+            ],
+        )
+    }
+
+    /// Prefill attention over tiles from [`crate::plan::prefill_tiles`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_prefill(
+        &self,
+        dt: Dtype,
+        shape: &AttnShape,
+        out: u64,
+        q: u64,
+        q_stride: usize,
+        k_cache: u64,
+        v_cache: u64,
+        block_tables: u64,
+        max_blocks: usize,
+        cu_seqlens: u64,
+        context_lens: u64,
+        tiles: u64,
+        num_tiles: usize,
+        scale: f32,
+    ) -> Result<()> {
+        shape.check()?;
+        let kernel = format!("paged_prefill_{}_d{}", dt.suffix(), shape.head_dim);
+        self.launch(
+            &kernel,
+            (shape.num_kv_heads as u32, num_tiles as u32, 1),
+            ATTN_THREADS,
+            prefill_smem_bytes(shape.head_dim),
+            &[
+                Arg::Ptr(out),
+                Arg::Ptr(q),
+                Arg::I32(i32_of("q_stride", q_stride)?),
+                Arg::Ptr(k_cache),
+                Arg::Ptr(v_cache),
+                Arg::Ptr(block_tables),
+                Arg::I32(i32_of("max_blocks", max_blocks)?),
+                Arg::Ptr(cu_seqlens),
+                Arg::Ptr(context_lens),
+                Arg::Ptr(tiles),
+                Arg::I32(shape.num_heads as i32),
+                Arg::I32(shape.num_kv_heads as i32),
+                Arg::I32(i32_of("block_size", shape.block_size)?),
+                Arg::F32(scale),
+            ],
+        )
+    }
+}

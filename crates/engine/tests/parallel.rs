@@ -1,0 +1,137 @@
+//! Concurrent requests of one program (DESIGN §2): a request that arrives
+//! while the program is busy runs at once as a sibling sequence, produces the
+//! tokens it would alone, shares the program's prefix through the cache, and
+//! ends with the program.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use agentd_engine::{Engine, EngineConfig, Event, FinishReason, GenerateRequest, RequestStream};
+use agentd_models::SamplingParams;
+
+fn engine() -> Engine {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/gqa2-untied");
+    let cfg = EngineConfig {
+        num_blocks: 128,
+        block_size: 16,
+        max_num_batched_tokens: 256,
+        ..EngineConfig::default()
+    };
+    Engine::start(&dir, cfg).expect("engine starts")
+}
+
+fn submit(
+    e: &Engine,
+    program: &str,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    last: bool,
+) -> RequestStream {
+    e.submit(GenerateRequest {
+        program: Some(program.into()),
+        prompt,
+        sampling: SamplingParams {
+            max_tokens,
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        },
+        final_request: last,
+    })
+    .expect("accepted")
+}
+
+fn collect(mut s: RequestStream) -> (Vec<u32>, FinishReason, usize) {
+    let mut toks = Vec::new();
+    loop {
+        match s.blocking_next() {
+            Some(Event::Token(t)) => toks.push(t.token_id),
+            Some(Event::Finished { reason, usage }) => return (toks, reason, usage.cached_tokens),
+            None => panic!("stream ended without Finished"),
+        }
+    }
+}
+
+#[test]
+fn a_parallel_request_runs_beside_the_busy_one_with_its_uncontended_tokens() {
+    let system: Vec<u32> = (1..65).collect(); // four full blocks shared by both
+    let mut a = system.clone();
+    a.extend(100..110);
+    let mut b = system.clone();
+    b.extend(200..205);
+    // Reference outputs, each alone on a fresh engine.
+    let e = engine();
+    let want_a = collect(submit(&e, "ref-a", a.clone(), 50, false)).0;
+    let want_b = collect(submit(&e, "ref-b", b.clone(), 3, false)).0;
+    e.shutdown();
+
+    let e = engine();
+    let long = submit(&e, "agent", a, 50, false);
+    let short = submit(&e, "agent", b, 3, false);
+    let a_thread = std::thread::spawn(move || {
+        let out = collect(long);
+        (out, Instant::now())
+    });
+    let (got_b, reason_b, cached_b) = collect(short);
+    let b_done = Instant::now();
+    assert_eq!((got_b, reason_b), (want_b, FinishReason::Length));
+    let ((got_a, reason_a, _), a_done) = a_thread.join().expect("collector");
+    assert_eq!((got_a, reason_a), (want_a, FinishReason::Length));
+    // B (3 tokens) finished before A (50): it did not wait behind A.
+    assert!(
+        b_done < a_done,
+        "the parallel request waited for the busy one"
+    );
+    // B shares the program's system prompt (4 full blocks) unless it was
+    // planned in the same step as A's prefill, before A's blocks existed.
+    assert!(cached_b == 0 || cached_b == 64, "{cached_b}");
+    let agent = e
+        .programs()
+        .into_iter()
+        .find(|p| p.id == "agent")
+        .expect("program");
+    assert_eq!(agent.steps, 2, "both requests count as the program's steps");
+    assert_eq!(agent.parallel_requests, 0);
+    assert!(e.release("agent"));
+    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+}
+
+#[test]
+fn releasing_a_program_cancels_its_parallel_requests() {
+    let e = engine();
+    let first = submit(&e, "p", (1..40).collect(), 80, false);
+    let second = submit(&e, "p", (1..30).collect(), 80, false);
+    let third = submit(&e, "p", (5..45).collect(), 80, false);
+    let listed = e
+        .programs()
+        .into_iter()
+        .find(|p| p.id == "p")
+        .expect("program");
+    assert_eq!(listed.parallel_requests, 2);
+    assert!(e.release("p"));
+    for s in [first, second, third] {
+        assert_eq!(collect(s).1, FinishReason::Cancelled);
+    }
+    assert!(e.programs().iter().all(|p| p.id != "p"));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(e.metrics().kv_cache_usage, 0.0, "no block leaked");
+}
+
+#[test]
+fn a_final_parallel_request_releases_the_program_when_it_ends() {
+    let e = engine();
+    let main = submit(&e, "q", (1..40).collect(), 4, false);
+    let last = submit(&e, "q", (1..20).collect(), 2, true);
+    let (_, r_last, _) = collect(last);
+    assert_eq!(r_last, FinishReason::Length);
+    // The program is gone with the final request; its main request ends too
+    // (cancelled if it was still running, finished if it was done).
+    let r_main = collect(main).1;
+    assert!(matches!(
+        r_main,
+        FinishReason::Length | FinishReason::Cancelled
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(e.programs().iter().all(|p| p.id != "q"));
+    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+}

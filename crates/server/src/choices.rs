@@ -1,0 +1,199 @@
+//! Several choices in one response: OpenAI's `n`, and `/v1/completions` with
+//! a list of prompts. Each choice is its own engine request. The first choice
+//! is the program's turn (its KV continues the program); the others run as
+//! one-off sequences that reuse the prompt's full blocks through the prefix
+//! cache, as vLLM's parallel sampling does. Streams of the choices are merged
+//! into one SSE response with one usage chunk and one `[DONE]`.
+
+use agentd_engine::GenerateRequest;
+use bytes::Bytes;
+use futures_util::stream::{self, BoxStream, StreamExt};
+
+use crate::app::SharedState;
+use crate::error::ApiError;
+use crate::generation::Generation;
+use crate::program_id::ProgramRef;
+use crate::protocol::UsageInfo;
+use crate::sampling::Sampling;
+use crate::sse;
+
+/// Most choices one request may ask for (prompts × n).
+pub const MAX_CHOICES: usize = 64;
+
+/// `n` from the request, checked against [`MAX_CHOICES`] for `prompts` prompts.
+pub fn count(n: Option<u64>, prompts: usize) -> Result<usize, ApiError> {
+    let n = n.unwrap_or(1);
+    if n == 0 {
+        return Err(ApiError::invalid("n", "n must be at least 1"));
+    }
+    let total = (n as usize).saturating_mul(prompts);
+    if n > MAX_CHOICES as u64 || total > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "n",
+            format!("{prompts} prompt(s) x n={n} choices is more than {MAX_CHOICES}"),
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// One choice being generated.
+pub struct Choice {
+    /// `index` in the response: prompt * n + j.
+    pub index: usize,
+    /// Whether this is the first choice of its prompt (its prompt tokens and
+    /// cache hits count once in the usage).
+    pub first_of_prompt: bool,
+    pub gen: Generation,
+}
+
+/// Submits `n` engine requests per prompt. A refusal of any of them (the
+/// queue is full, say) drops those already submitted, cancelling them.
+pub fn submit(
+    state: &SharedState,
+    program: &ProgramRef,
+    prompts: Vec<(Vec<u32>, Sampling)>,
+    n: usize,
+    logprobs: bool,
+) -> Result<Vec<Choice>, ApiError> {
+    // Before the engine sees the request: a `final` request may end the
+    // program (and so reclaim its resources) as soon as it is submitted.
+    state.declare_tools(program)?;
+    let mut out = Vec::with_capacity(prompts.len() * n);
+    for (p, (prompt, sampling)) in prompts.into_iter().enumerate() {
+        for j in 0..n {
+            let first = p == 0 && j == 0;
+            let mut params = sampling.params.clone();
+            // Distinct but reproducible streams for the choices of a seeded request.
+            params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
+            let stream = state.engine.submit(GenerateRequest {
+                program: if first { program.program.clone() } else { None },
+                prompt: prompt.clone(),
+                sampling: params,
+                final_request: first && program.final_request,
+            })?;
+            out.push(Choice {
+                index: p * n + j,
+                first_of_prompt: j == 0,
+                gen: Generation::new(
+                    stream,
+                    state.tokenizer.clone(),
+                    sampling.stop.clone(),
+                    logprobs,
+                    prompt.len(),
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Usage of a multi-choice response: prompt tokens and cache hits once per
+/// prompt, completion tokens of every choice.
+pub fn merge_usage(parts: &[(bool, UsageInfo)]) -> UsageInfo {
+    let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+    for (first, u) in parts {
+        if *first {
+            prompt += u.prompt_tokens;
+            cached += u.prompt_tokens_details.cached_tokens;
+        }
+        completion += u.completion_tokens;
+    }
+    UsageInfo::new(prompt, completion, cached)
+}
+
+/// What one choice's stream produced at a step.
+pub enum ChoiceStep {
+    /// Chunks to send.
+    Chunks(Vec<Bytes>),
+    /// The last chunks of the choice, and its usage.
+    Finished {
+        chunks: Vec<Bytes>,
+        usage: UsageInfo,
+        first_of_prompt: bool,
+    },
+    /// An error event; the whole response ends after it.
+    Failed(Bytes),
+}
+
+/// Interleaves the choices' chunks as they come; after the last choice
+/// finishes, the merged usage chunk (when asked for) and `[DONE]`. An error
+/// in any choice ends the response (dropping the others cancels them); so
+/// does an engine that goes away, and `[DONE]` goes out exactly once.
+pub fn merge(
+    choices: Vec<BoxStream<'static, ChoiceStep>>,
+    usage_chunk: impl Fn(UsageInfo) -> Bytes + Send + Sync + 'static,
+    include_usage: bool,
+) -> BoxStream<'static, Bytes> {
+    let total = choices.len();
+    let merged = stream::select_all(choices);
+    let state = (
+        merged,
+        Vec::<(bool, UsageInfo)>::with_capacity(total),
+        false,
+    );
+    let usage_chunk = std::sync::Arc::new(usage_chunk);
+    stream::unfold(state, move |(mut merged, mut usages, done)| {
+        let usage_chunk = usage_chunk.clone();
+        async move {
+            if done {
+                return None;
+            }
+            let mut out = Vec::new();
+            let ended = match merged.next().await {
+                Some(ChoiceStep::Chunks(c)) => {
+                    out.extend(c);
+                    false
+                }
+                Some(ChoiceStep::Finished {
+                    chunks,
+                    usage,
+                    first_of_prompt,
+                }) => {
+                    out.extend(chunks);
+                    usages.push((first_of_prompt, usage));
+                    if usages.len() == total && include_usage {
+                        out.push(usage_chunk(merge_usage(&usages)));
+                    }
+                    usages.len() == total
+                }
+                Some(ChoiceStep::Failed(e)) => {
+                    out.push(e);
+                    true
+                }
+                None => true,
+            };
+            if ended {
+                out.push(Bytes::from_static(sse::DONE));
+            }
+            Some((stream::iter(out), (merged, usages, ended)))
+        }
+    })
+    .flatten()
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choice_counts_are_bounded() {
+        assert_eq!(count(None, 1).ok(), Some(1));
+        assert_eq!(count(Some(4), 2).ok(), Some(4));
+        assert!(count(Some(0), 1).is_err());
+        assert!(count(Some(65), 1).is_err());
+        assert!(count(Some(40), 2).is_err());
+        assert!(count(Some(u64::MAX), 1).is_err());
+    }
+
+    #[test]
+    fn usage_counts_each_prompt_once() {
+        let u = |p, c, k| UsageInfo::new(p, c, k);
+        let m = merge_usage(&[
+            (true, u(10, 5, 8)),
+            (false, u(10, 7, 8)),
+            (true, u(3, 2, 0)),
+        ]);
+        assert_eq!(m, u(13, 14, 8));
+    }
+}

@@ -1,0 +1,119 @@
+// Dense-layer kernels of the decoder: embedding gather, RMSNorm fused with the
+// residual add, per-head RMSNorm fused with neox-style RoPE, SiLU·mul, and a
+// hash-based filler for synthetic weights. The residual stream is f32; what
+// feeds a matrix product is bf16/f16.
+#include "common.cuh"
+
+using namespace agentd;
+
+// residual[t, :] = emb[ids[t], :]   grid: tokens; block: any
+template <typename T>
+__device__ void embed_impl(float* __restrict__ residual, const T* __restrict__ emb,
+                           const int* __restrict__ ids, int hidden) {
+  const size_t row = (size_t)ids[blockIdx.x] * hidden;
+  float* out = residual + (size_t)blockIdx.x * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = to_float(emb[row + i]);
+}
+AGENTD_BF16_F16(embed,
+                (float* residual, const void* emb, const int* ids, int hidden),
+                (residual, (const T*)emb, ids, hidden))
+
+// For output row b, input row r = rows ? rows[b] : b:
+//   x = residual[r] + delta[r]          (delta may be null)
+//   out[b] = x / rms(x) * w
+// and, when rows is null, residual[r] = x (the fused residual add).
+// grid: output rows; block: 256 (or fewer) threads. smem: none (static).
+template <typename T>
+__device__ void add_rms_norm_impl(float* __restrict__ residual, const T* __restrict__ delta,
+                                  const int* __restrict__ rows, const float* __restrict__ w,
+                                  T* __restrict__ out, int hidden, float eps) {
+  __shared__ float scratch[32];
+  const int b = blockIdx.x;
+  const size_t r = rows ? (size_t)rows[b] : (size_t)b;
+  float* x = residual + r * hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float v = x[i];
+    if (delta) v += to_float(delta[r * hidden + i]);
+    if (!rows) x[i] = v;
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss, scratch) / hidden + eps);
+  T* o = out + (size_t)b * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float v = x[i];
+    if (delta && rows) v += to_float(delta[r * hidden + i]);
+    o[i] = from_float<T>(v * inv * w[i]);
+  }
+}
+AGENTD_BF16_F16(add_rms_norm,
+                (float* residual, const void* delta, const int* rows, const float* w,
+                 void* out, int hidden, float eps),
+                (residual, (const T*)delta, rows, w, (T*)out, hidden, eps))
+
+// In place on heads of a [tokens, row_stride] buffer (e.g. fused QKV rows):
+// head h of token t starts at t*row_stride + head_offset + h*head_dim.
+// Optional RMSNorm over the head (w non-null; Qwen3's q_norm/k_norm), then
+// neox-style rotary embedding: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin,
+// halves of the head. cos_sin: [max_pos, head_dim] f32, cos in the first half.
+// grid: (tokens, heads); block: head_dim / 2 threads.
+template <typename T>
+__device__ void head_norm_rope_impl(T* __restrict__ x, const float* __restrict__ w,
+                                    const int* __restrict__ positions,
+                                    const float* __restrict__ cos_sin, int head_offset,
+                                    int row_stride, int head_dim, float eps) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
+  T* p = x + (size_t)t * row_stride + head_offset + (size_t)h * head_dim;
+  float a = to_float(p[i]), b = to_float(p[i + half]);
+  if (w) {
+    const float inv = rsqrtf(block_sum(a * a + b * b, scratch) / head_dim + eps);
+    a = a * inv * w[i];
+    b = b * inv * w[i + half];
+  }
+  const float* cs = cos_sin + (size_t)positions[t] * head_dim;
+  const float c = cs[i], s = cs[half + i];
+  p[i] = from_float<T>(a * c - b * s);
+  p[i + half] = from_float<T>(b * c + a * s);
+}
+AGENTD_BF16_F16(head_norm_rope,
+                (void* x, const float* w, const int* positions, const float* cos_sin,
+                 int head_offset, int row_stride, int head_dim, float eps),
+                ((T*)x, w, positions, cos_sin, head_offset, row_stride, head_dim, eps))
+
+// out[t, i] = silu(gu[t, i]) * gu[t, inter + i]   (gate and up fused in one
+// matrix product). grid-stride over tokens * inter.
+template <typename T>
+__device__ void silu_mul_impl(T* __restrict__ out, const T* __restrict__ gu, long long n,
+                              int inter) {
+  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x) {
+    const long long t = k / inter, i = k % inter;
+    const float g = to_float(gu[t * 2 * inter + i]);
+    const float u = to_float(gu[t * 2 * inter + inter + i]);
+    out[k] = from_float<T>(g / (1.f + __expf(-g)) * u);
+  }
+}
+AGENTD_BF16_F16(silu_mul, (void* out, const void* gu, long long n, int inter),
+                ((T*)out, (const T*)gu, n, inter))
+
+// Deterministic uniform values in [lo, hi) from a 64-bit hash of (seed, index):
+// synthetic checkpoints too large to build on the host (benchmarks only).
+__device__ __forceinline__ float hash_uniform(unsigned long long seed, unsigned long long i) {
+  unsigned long long z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+template <typename T>
+__device__ void fill_uniform_impl(T* __restrict__ out, long long n, unsigned long long seed,
+                                  float lo, float hi) {
+  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x)
+    out[k] = from_float<T>(lo + (hi - lo) * hash_uniform(seed, k));
+}
+AGENTD_BF16_F16(fill_uniform,
+                (void* out, long long n, unsigned long long seed, float lo, float hi),
+                ((T*)out, n, seed, lo, hi))

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# On the GPU machine: `agentd serve --device cuda` end to end against
+# `agentd serve --device cpu` on the same model (the embedded tiny Qwen3 unless
+# MODEL is set). Greedy completions of both servers must agree; then
+# concurrent multi-turn programs run on the GPU server with no errors, and
+# releasing them returns its KV usage to zero.
+#
+#   AGENTD_BIN=.gpu/agentd scripts/gpu-serve-check.sh
+set -uo pipefail
+BIN=${AGENTD_BIN:-.gpu/agentd}
+[ -x "$BIN" ] || { echo "no $BIN (cargo build --release --features cuda; strip into .gpu/)" >&2; exit 2; }
+dirs=""
+for f in $(find / -xdev -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -3); do
+  dirs="$dirs:$(dirname "$f")"
+done
+export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+logs=${OUT:-/tmp}
+model_args=()
+[ -n "${MODEL:-}" ] && model_args=(--model "$MODEL")
+"$BIN" serve "${model_args[@]}" --device "${FIRST_DEVICE:-cuda}" --port 8301 --num-kv-blocks 4096 >"$logs/serve-cuda.log" 2>&1 &
+gpu_pid=$!
+"$BIN" serve "${model_args[@]}" --device cpu --port 8302 --num-kv-blocks 4096 >"$logs/serve-cpu.log" 2>&1 &
+cpu_pid=$!
+trap 'kill $gpu_pid $cpu_pid 2>/dev/null' EXIT
+for port in 8301 8302; do
+  for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    sleep 0.5
+  done
+done
+PYTHONUNBUFFERED=1 python3 - <<'PY'
+import json, random, sys, time, concurrent.futures as cf
+import requests
+GPU, CPU = "http://127.0.0.1:8301", "http://127.0.0.1:8302"
+model = requests.get(GPU + "/v1/models", timeout=10).json()["data"][0]["id"]
+def complete(url, prompt, n, program=None):
+    body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+    if program: body["program_id"] = program
+    r = requests.post(url + "/v1/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+rng = random.Random(7)
+same = 0
+prompts = [[rng.randrange(1000, 20000) for _ in range(rng.choice([5, 40, 200]))] for _ in range(12)]
+for p in prompts:
+    g, c = complete(GPU, p, 24)["choices"][0]["text"], complete(CPU, p, 24)["choices"][0]["text"]
+    same += g == c
+print(f"greedy completions equal on cuda and cpu: {same}/{len(prompts)}")
+# Concurrent programs, three turns each, on the GPU server.
+def program(i):
+    ids = [rng.randrange(1000, 20000) for _ in range(300)]
+    errors, cached = 0, 0
+    for turn in range(3):
+        try:
+            out = complete(GPU, ids, 32, program=f"p{i}")
+            cached += out["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) or 0
+            ids = ids + [rng.randrange(1000, 20000) for _ in range(50)]
+        except Exception as e:
+            print("error", e); errors += 1
+    requests.post(GPU + "/programs/release", json={"program_id": f"p{i}"}, timeout=10)
+    return errors, cached
+t0 = time.time()
+with cf.ThreadPoolExecutor(32) as ex:
+    res = list(ex.map(program, range(64)))
+dt = time.time() - t0
+errs = sum(e for e, _ in res)
+print(f"64 programs x 3 turns on cuda: {dt:.1f} s, {errs} errors, cached prompt tokens {sum(c for _, c in res)}")
+time.sleep(1)
+m = requests.get(GPU + "/metrics", timeout=10).text
+usage = [l for l in m.splitlines() if l.startswith("vllm:kv_cache_usage_perc")]
+print("after release:", usage)
+ok = same == len(prompts) and errs == 0 and usage and float(usage[0].split()[-1]) == 0.0
+print("serve check", "ok" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
+rc=$?
+tail -5 "$logs/serve-cuda.log"
+exit $rc

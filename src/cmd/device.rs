@@ -1,0 +1,51 @@
+//! `agentd serve --device cuda`: the engine on the CUDA backend, one GPU per
+//! replica. Without the `cuda` feature the flag explains how to get it.
+
+use std::path::Path;
+
+use agentd_engine::{Engine, EngineConfig};
+use anyhow::Result;
+
+#[cfg(feature = "cuda")]
+pub fn start_cuda(model_dir: &Path, cfg: EngineConfig, dtype: &str) -> Result<Engine> {
+    use std::sync::Arc;
+
+    use agentd_cuda::{Dtype, Gpu, GpuQwen3, GpuRunner};
+    use agentd_models::loader::Weights;
+    use agentd_models::{Qwen3Config, StepRunner};
+    use anyhow::Context;
+
+    let dtype = match dtype {
+        "auto" | "bfloat16" | "bf16" => Dtype::Bf16,
+        "float16" | "half" | "f16" => Dtype::F16,
+        other => anyhow::bail!("--dtype {other} is not supported on CUDA (bfloat16 or float16)"),
+    };
+    anyhow::ensure!(
+        Gpu::available(),
+        "--device cuda: no CUDA driver or device on this machine"
+    );
+    let mc = Qwen3Config::from_dir(model_dir)
+        .with_context(|| format!("reading {}", model_dir.display()))?;
+    tracing::info!(dir = %model_dir.display(), "loading weights for the GPU");
+    let weights = Weights::from_dir(model_dir, &candle_core::Device::Cpu)?;
+    let mut runners: Vec<Box<dyn StepRunner>> = Vec::with_capacity(cfg.replicas);
+    for r in 0..cfg.replicas {
+        let gpu = Arc::new(Gpu::new(r).with_context(|| format!("opening CUDA device {r}"))?);
+        tracing::info!(replica = r, device = %gpu.name(), "uploading weights");
+        let model = Arc::new(GpuQwen3::from_weights(gpu, mc.clone(), &weights, dtype)?);
+        runners.push(Box::new(GpuRunner::new(
+            model,
+            cfg.num_blocks,
+            cfg.block_size,
+        )?));
+    }
+    Ok(Engine::with_runners(mc, runners, cfg)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn start_cuda(_model_dir: &Path, _cfg: EngineConfig, _dtype: &str) -> Result<Engine> {
+    anyhow::bail!(
+        "this agentd was built without CUDA: rebuild with `cargo build --release --features cuda` \
+         (needs a CUDA 13 nvcc; scripts/build-gpu-check.sh shows how to get one)"
+    )
+}
