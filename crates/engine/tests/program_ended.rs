@@ -134,3 +134,45 @@ fn lease_expiry_is_announced() {
     );
     assert!(e.programs().is_empty());
 }
+
+#[test]
+fn a_final_parallel_request_ends_its_program_as_final_once() {
+    let e = engine(1800.0);
+    let mut rx = e.subscribe_ended();
+    let submit = |max_tokens: usize, final_request: bool| {
+        e.submit(GenerateRequest {
+            program: Some("par".into()),
+            prompt: (1..30).collect(),
+            sampling: SamplingParams {
+                max_tokens,
+                ignore_eos: true,
+                ..SamplingParams::greedy()
+            },
+            final_request,
+        })
+        .expect("submitted")
+    };
+    let mut main = submit(40, false);
+    // Runs beside the busy main request, as a sibling; when it ends the
+    // program ends with it.
+    let mut last = submit(2, true);
+    for s in [&mut last, &mut main] {
+        while let Some(ev) = s.blocking_next() {
+            if matches!(ev, Event::Finished { .. }) {
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        next_end(&mut rx, Duration::from_secs(5)),
+        Some(Ended {
+            id: "par".into(),
+            reason: EndReason::Final
+        })
+    );
+    assert_eq!(
+        next_end(&mut rx, Duration::from_millis(200)),
+        None,
+        "announced once"
+    );
+}
