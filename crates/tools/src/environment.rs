@@ -253,7 +253,7 @@ impl Environments {
             .map_err(|e| ToolError::io("spawning the setup command", e))?;
         if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
             self.registry
-                .declare(program, vec![Resource::ProcessGroup(pid)])?;
+                .declare(program, vec![Resource::Process { pid, started: 0 }])?;
             info!(program, pid, dir = %dir.display(), "setup command started");
         }
         Ok((dir, child, timeout))

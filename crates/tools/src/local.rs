@@ -145,10 +145,13 @@ impl LocalSandbox {
         if group == my_group || group <= 1 {
             return Err(ToolError::refused(what, "it is in the server's own process group (start tools with setsid / process_group(0))"));
         }
+        // Its start time tells it apart from a later process that reuses
+        // the pid (0 without /proc: no such check).
+        let started = proc_stat(pid).map_or(0, |s| s.started);
         Ok(if group == pid {
-            Resource::ProcessGroup(pid)
+            Resource::ProcessGroup { pid, started }
         } else {
-            Resource::Process(pid)
+            Resource::Process { pid, started }
         })
     }
 
@@ -189,6 +192,16 @@ impl LocalSandbox {
 
     /// SIGTERM, wait up to the grace period, SIGKILL, wait again.
     async fn kill(&self, target: Target) -> Result<(), ToolError> {
+        if target.reused() {
+            // The declared process is gone and its pid now names another
+            // one, which nobody gave us. (A group id cannot be reused while
+            // any member lives, so the declared group is empty.)
+            info!(
+                ?target,
+                "pid reused since it was declared: the declared process is gone"
+            );
+            return Ok(());
+        }
         if !target.alive() {
             debug!(?target, "already gone");
             return Ok(());
@@ -213,17 +226,25 @@ impl LocalSandbox {
     }
 }
 
+/// What to signal: a group or one process, with its leader's start time
+/// when it was declared.
 #[derive(Debug, Clone, Copy)]
 enum Target {
-    Group(i32),
-    Pid(i32),
+    Group(i32, u64),
+    Pid(i32, u64),
 }
 
 impl Target {
+    /// The pid now belongs to a process started after the declaration.
+    fn reused(self) -> bool {
+        let (Target::Group(pid, started) | Target::Pid(pid, started)) = self;
+        started != 0 && proc_stat(pid).is_some_and(|s| s.started != started)
+    }
+
     fn signal(self, sig: i32) -> Result<(), ToolError> {
         let id = match self {
-            Target::Group(g) => -g,
-            Target::Pid(p) => p,
+            Target::Group(g, _) => -g,
+            Target::Pid(p, _) => p,
         };
         // SAFETY: kill has no memory effects; `id` was admitted by check_pid
         // (never <= 1, never our own group).
@@ -241,10 +262,10 @@ impl Target {
     /// only its parent's wait can remove it, and that parent is not us).
     fn alive(self) -> bool {
         match self {
-            Target::Pid(p) => proc_state(p).is_some_and(|(state, _)| state != 'Z' && state != 'X'),
+            Target::Pid(p, _) => proc_stat(p).is_some_and(|s| s.state != 'Z' && s.state != 'X'),
             // SAFETY: signal 0 only checks existence.
-            Target::Group(g) if (unsafe { libc::kill(-g, 0) }) != 0 => false,
-            Target::Group(g) => match group_members(g) {
+            Target::Group(g, _) if (unsafe { libc::kill(-g, 0) }) != 0 => false,
+            Target::Group(g, _) => match group_members(g) {
                 Some(states) => states.iter().any(|&s| s != 'Z' && s != 'X'),
                 // No /proc: kill(0) cannot tell zombies apart, but it is the
                 // best there is.
@@ -270,16 +291,25 @@ impl Target {
     }
 }
 
-/// (state, process group) of `pid` from /proc/PID/stat.
-fn proc_state(pid: i32) -> Option<(char, i32)> {
+struct ProcStat {
+    state: char,
+    pgrp: i32,
+    /// Clock ticks after boot.
+    started: u64,
+}
+
+/// The fields used of /proc/PID/stat.
+fn proc_stat(pid: i32) -> Option<ProcStat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ppid pgrp ...": comm may hold spaces and parentheses.
+    // "pid (comm) S ppid pgrp ... starttime ...": comm may hold spaces and
+    // parentheses, so fields are counted from the last ')'.
     let after = &stat[stat.rfind(')')? + 1..];
-    let mut f = after.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let _ppid = f.next()?;
-    let pgrp = f.next()?.parse().ok()?;
-    Some((state, pgrp))
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(ProcStat {
+        state: f.first()?.chars().next()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        started: f.get(19)?.parse().ok()?,
+    })
 }
 
 /// States of every process in group `pgid`; `None` without /proc.
@@ -290,9 +320,9 @@ fn group_members(pgid: i32) -> Option<Vec<char>> {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
         };
-        if let Some((s, g)) = proc_state(pid) {
-            if g == pgid {
-                states.push(s);
+        if let Some(s) = proc_stat(pid) {
+            if s.pgrp == pgid {
+                states.push(s.state);
             }
         }
     }
@@ -307,14 +337,16 @@ impl Backend for LocalSandbox {
     fn handles(&self, r: &Resource) -> bool {
         matches!(
             r,
-            Resource::Dir(_) | Resource::ProcessGroup(_) | Resource::Process(_)
+            Resource::Dir(_) | Resource::ProcessGroup { .. } | Resource::Process { .. }
         )
     }
 
     fn admit(&self, r: Resource) -> Result<Resource, ToolError> {
         match r {
             Resource::Dir(p) => self.check_dir(&p).map(Resource::Dir),
-            Resource::Process(p) | Resource::ProcessGroup(p) => self.check_pid(p),
+            Resource::Process { pid, .. } | Resource::ProcessGroup { pid, .. } => {
+                self.check_pid(pid)
+            }
             other => Err(ToolError::NoBackend(other.to_string())),
         }
     }
@@ -323,8 +355,10 @@ impl Backend for LocalSandbox {
         Box::pin(async move {
             match r {
                 Resource::Dir(p) => self.remove_dir(p).await,
-                Resource::ProcessGroup(g) => self.kill(Target::Group(*g)).await,
-                Resource::Process(p) => self.kill(Target::Pid(*p)).await,
+                Resource::ProcessGroup { pid, started } => {
+                    self.kill(Target::Group(*pid, *started)).await
+                }
+                Resource::Process { pid, started } => self.kill(Target::Pid(*pid, *started)).await,
                 other => Err(ToolError::NoBackend(other.to_string())),
             }
         })
@@ -334,6 +368,7 @@ impl Backend for LocalSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::CommandExt;
 
     fn sandbox() -> (tempfile::TempDir, LocalSandbox) {
         let t = tempfile::tempdir().unwrap();
@@ -393,6 +428,35 @@ mod tests {
         assert!(e.to_string().contains("own process group"), "{e}");
         same.kill().unwrap();
         same.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_reused_pid_is_never_signalled() {
+        let (_t, s) = sandbox();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let Resource::ProcessGroup { started, .. } = s.check_pid(pid).unwrap() else {
+            panic!("a group leader");
+        };
+        assert!(started > 0, "start time read from /proc");
+        // As if the declared process had died and its pid been reused by
+        // this one: different start time.
+        let other = Resource::ProcessGroup {
+            pid,
+            started: started - 1,
+        };
+        s.reclaim(&other).await.unwrap();
+        assert!(child.try_wait().unwrap().is_none(), "left alone");
+        let declared = Resource::ProcessGroup { pid, started };
+        s.reclaim(&declared).await.unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&child.wait().unwrap()),
+            Some(libc::SIGTERM)
+        );
     }
 
     #[tokio::test]

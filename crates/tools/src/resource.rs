@@ -22,10 +22,10 @@ pub enum Resource {
     /// A directory under the sandbox root: removed recursively.
     Dir(PathBuf),
     /// A process group (its leader's pid): SIGTERM, then SIGKILL.
-    ProcessGroup(i32),
+    ProcessGroup { pid: i32, started: u64 },
     /// A single process that does not lead its group: SIGTERM, then SIGKILL.
     /// (Its group may hold processes the program never declared.)
-    Process(i32),
+    Process { pid: i32, started: u64 },
 }
 
 impl Resource {
@@ -35,8 +35,8 @@ impl Resource {
             Resource::DockerContainer(_) => "docker",
             Resource::DockerVolume(_) => "volume",
             Resource::Dir(_) => "dir",
-            Resource::ProcessGroup(_) => "process_group",
-            Resource::Process(_) => "process",
+            Resource::ProcessGroup { .. } => "process_group",
+            Resource::Process { .. } => "process",
         }
     }
 
@@ -45,7 +45,7 @@ impl Resource {
         match self {
             Resource::DockerContainer(s) | Resource::DockerVolume(s) => s.clone(),
             Resource::Dir(p) => p.display().to_string(),
-            Resource::ProcessGroup(p) | Resource::Process(p) => p.to_string(),
+            Resource::ProcessGroup { pid, .. } | Resource::Process { pid, .. } => pid.to_string(),
         }
     }
 }
@@ -121,7 +121,8 @@ impl ToolResources {
                 what: "tool_resources.pids",
                 reason: format!("{p} is not a process id"),
             })?;
-            out.push(Resource::Process(pid));
+            // The start time is read when the local backend admits it.
+            out.push(Resource::Process { pid, started: 0 });
         }
         out.sort();
         out.dedup();
@@ -182,7 +183,10 @@ mod tests {
                 Resource::DockerContainer("abc".into()),
                 Resource::DockerContainer("def".into()),
                 Resource::Dir("/s/p1".into()),
-                Resource::Process(42),
+                Resource::Process {
+                    pid: 42,
+                    started: 0
+                },
             ]
         );
         let e = ToolResources::from_json(&serde_json::json!({"dir": ["/x"]})).unwrap_err();
