@@ -7,10 +7,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use agentd_engine::{Engine, EngineConfig};
 use agentd_models::synth::{write_random_model, ModelCard};
 use agentd_scheduler::PolicyKind;
+use agentd_tools::{DockerConfig, ReclaimConfig, ToolsConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
@@ -79,6 +81,67 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     #[command(flatten)]
     pub sched: SchedulerArgs,
+    #[command(flatten)]
+    pub tools: ToolArgs,
+}
+
+/// Tool resources (DESIGN §7): what programs may declare and how it is
+/// reclaimed when they end.
+#[derive(Args, Debug)]
+pub struct ToolArgs {
+    /// Root of the local sandbox: declared directories must resolve inside
+    /// it, and prepared local environments get their directory there.
+    /// Without it, directories are refused.
+    #[arg(long)]
+    pub sandbox_root: Option<PathBuf>,
+    /// On shutdown, reclaim the resources of every program still live.
+    #[arg(long)]
+    pub reclaim_on_exit: bool,
+    /// The Docker Engine API socket.
+    #[arg(long, default_value = "/var/run/docker.sock")]
+    pub docker_socket: PathBuf,
+    /// Also remove a reclaimed container's anonymous volumes.
+    #[arg(long)]
+    pub docker_remove_volumes: bool,
+    /// Keep a reclaimed container's image even when no container uses it.
+    #[arg(long)]
+    pub docker_keep_images: bool,
+    /// Resources reclaimed at once.
+    #[arg(long, default_value_t = ReclaimConfig::default().concurrency)]
+    pub reclaim_concurrency: usize,
+    /// Attempts per resource before it is marked failed.
+    #[arg(long, default_value_t = ReclaimConfig::default().max_attempts)]
+    pub reclaim_attempts: u32,
+    /// Delay before the first retry, milliseconds (doubles each retry).
+    #[arg(long, default_value_t = 200)]
+    pub reclaim_backoff_ms: u64,
+    /// Between SIGTERM and SIGKILL of a declared process group, milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub kill_grace_ms: u64,
+}
+
+impl ToolArgs {
+    fn to_config(&self, lease_s: f64) -> ToolsConfig {
+        ToolsConfig {
+            sandbox_root: self.sandbox_root.clone(),
+            kill_grace: Duration::from_millis(self.kill_grace_ms),
+            docker: DockerConfig {
+                socket: self.docker_socket.clone(),
+                remove_images: !self.docker_keep_images,
+                remove_volumes: self.docker_remove_volumes,
+                ..DockerConfig::default()
+            },
+            reclaim: ReclaimConfig {
+                concurrency: self.reclaim_concurrency,
+                max_attempts: self.reclaim_attempts,
+                backoff: Duration::from_millis(self.reclaim_backoff_ms),
+                ..ReclaimConfig::default()
+            },
+            reclaim_on_exit: self.reclaim_on_exit,
+            // Programs the engine never ran get the engine's lease.
+            orphan_lease: Duration::try_from_secs_f64(lease_s).ok(),
+        }
+    }
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -144,7 +207,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 .with_context(|| format!("starting the engine on {}", model_dir.display()))?
         }
     };
-    let state = agentd_server::AppState::new(engine, &model_dir, name.clone(), args.api_key)?;
+    let state = agentd_server::AppState::with_tools(
+        engine,
+        &model_dir,
+        name.clone(),
+        args.api_key,
+        args.tools.to_config(args.sched.program_lease_s),
+    )?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

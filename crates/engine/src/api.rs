@@ -108,3 +108,37 @@ pub struct ProgramStatus {
     /// Requests of the program running beside its main one (siblings).
     pub parallel_requests: usize,
 }
+
+/// Why a program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// A release call (`POST /programs/release`).
+    Released,
+    /// Its request marked `final` finished.
+    Final,
+    /// It had no request for longer than the inactivity lease.
+    LeaseExpired,
+}
+
+impl EndReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::Final => "final",
+            Self::LeaseExpired => "lease_expired",
+        }
+    }
+}
+
+/// A named program has terminated in the engine: its KV is released and
+/// whatever the outside world tied to it (tool resources) can be reclaimed.
+/// One-off programs (no id) are not announced: nothing outside can name them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramEnded {
+    pub id: String,
+    pub reason: EndReason,
+    /// When the engine ended it: a subscriber that sees the event late can
+    /// tell it apart from a new program reusing the id since.
+    pub at: std::time::Instant,
+}

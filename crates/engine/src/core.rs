@@ -15,7 +15,8 @@ use tracing::{debug, info};
 
 use crate::metrics::Counters;
 use crate::{
-    EngineConfig, EngineError, Event, FinishReason, GenerateRequest, ProgramStatus, Usage,
+    EndReason, EngineConfig, EngineError, Event, FinishReason, GenerateRequest, ProgramEnded,
+    ProgramStatus, Usage,
 };
 
 /// State a request shares with its caller's [`crate::RequestStream`].
@@ -72,6 +73,8 @@ pub(crate) struct Prog {
     /// Release once nothing of it is in a batch (release call, final flag,
     /// one-off program).
     pub release_pending: bool,
+    /// Why it is pending release (announced once it is reaped).
+    pub end_reason: Option<EndReason>,
     pub steps: u64,
 }
 
@@ -100,6 +103,9 @@ pub(crate) struct Core {
     pub vocab_size: usize,
     pub started: Instant,
     pub shutdown: bool,
+    /// Subscribers to program terminations. Unbounded so that announcing
+    /// never blocks a worker under the lock and no end is ever dropped.
+    pub ended_subscribers: Vec<UnboundedSender<ProgramEnded>>,
     next_program: u64,
 }
 
@@ -121,6 +127,7 @@ impl Core {
             vocab_size,
             started: Instant::now(),
             shutdown: false,
+            ended_subscribers: Vec::new(),
             next_program: 1,
             cfg,
         }
@@ -187,7 +194,9 @@ impl Core {
         let Some(prog) = self.programs.get_mut(&p) else {
             return Err(EngineError::Invalid("program vanished".into()));
         };
+        // A new request revives a program whose release was still pending.
         prog.release_pending = false;
+        prog.end_reason = None;
         if prog.current.is_none() {
             prog.current = Some(r);
             self.route(p);
@@ -258,6 +267,7 @@ impl Core {
                 release_parent: false,
                 home: None,
                 release_pending: false,
+                end_reason: None,
                 steps: 0,
             },
         );
@@ -323,6 +333,7 @@ impl Core {
         };
         if let Some(prog) = self.programs.get_mut(&p) {
             prog.release_pending = true;
+            prog.end_reason = Some(EndReason::Released);
         }
         self.reap(p);
         true
@@ -352,7 +363,8 @@ impl Core {
             self.names.remove(name);
         }
         self.policy.on_terminate(p);
-        info!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, "program released");
+        let reason = prog.end_reason.unwrap_or(EndReason::Released);
+        info!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
         // Releasing a program cancels its siblings (each is reaped now, or
         // after the step that holds it).
         for c in prog.children {
@@ -367,12 +379,28 @@ impl Core {
                 q.children.retain(|c| *c != p);
                 if prog.release_parent {
                     q.release_pending = true;
+                    q.end_reason = Some(EndReason::Final);
                 }
             }
             if prog.release_parent {
                 self.reap(parent);
             }
         }
+        if let Some(name) = prog.name {
+            self.announce_end(ProgramEnded {
+                id: name,
+                reason,
+                at: Instant::now(),
+            });
+        }
+    }
+
+    /// Tells every live subscriber that a named program ended; subscribers
+    /// that went away are forgotten.
+    fn announce_end(&mut self, ended: ProgramEnded) {
+        self.ended_subscribers
+            .retain(|tx| tx.send(ended.clone()).is_ok());
+        debug!(program = %ended.id, subscribers = self.ended_subscribers.len(), "program end announced");
     }
 
     /// Step bookkeeping before the forward of replica `r`: leases,
@@ -382,6 +410,7 @@ impl Core {
         for p in self.policy.expire(now) {
             if let Some(prog) = self.programs.get_mut(&p) {
                 prog.release_pending = true;
+                prog.end_reason = Some(EndReason::LeaseExpired);
             }
             self.reap(p);
         }
@@ -589,6 +618,7 @@ impl Core {
         };
         if req.final_request {
             prog.release_pending = true;
+            prog.end_reason = Some(EndReason::Final);
             self.reap(p);
         }
     }

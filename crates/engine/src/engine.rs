@@ -12,7 +12,7 @@ use tracing::info;
 use crate::core::{Core, Signals};
 use crate::metrics::MetricsSnapshot;
 use crate::worker::{self, Shared};
-use crate::{EngineConfig, EngineError, Event, GenerateRequest, ProgramStatus};
+use crate::{EngineConfig, EngineError, Event, GenerateRequest, ProgramEnded, ProgramStatus};
 
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +197,15 @@ impl Engine {
         let found = self.inner.shared.lock().release(program);
         self.inner.shared.wake_all();
         found
+    }
+
+    /// A stream of named programs' terminations (release, `final`, lease
+    /// expiry), from now on, in the order they happen. Each call gets its own
+    /// stream; dropping it unsubscribes.
+    pub fn subscribe_ended(&self) -> mpsc::UnboundedReceiver<ProgramEnded> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.inner.shared.lock().ended_subscribers.push(tx);
+        rx
     }
 
     pub fn programs(&self) -> Vec<ProgramStatus> {

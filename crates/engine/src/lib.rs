@@ -20,7 +20,8 @@ mod metrics;
 mod worker;
 
 pub use api::{
-    EngineError, Event, FinishReason, GenerateRequest, ProgramStatus, TokenEvent, Usage,
+    EndReason, EngineError, Event, FinishReason, GenerateRequest, ProgramEnded, ProgramStatus,
+    TokenEvent, Usage,
 };
 pub use config::EngineConfig;
 pub use engine::{Engine, RequestStream, StartError};

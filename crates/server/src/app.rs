@@ -3,11 +3,13 @@
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use agentd_chat::ChatTemplate;
-use agentd_engine::Engine;
+use agentd_engine::{Engine, ProgramEnded};
 use agentd_models::Tokenizer;
+use agentd_tools::{Tools, ToolsConfig};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -16,9 +18,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::program_id::ProgramRef;
 use crate::routes;
+
+/// How long a shutdown with `--reclaim-on-exit` waits for the reclaims.
+const RECLAIM_ON_EXIT_WAIT: Duration = Duration::from_secs(60);
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -33,6 +40,11 @@ pub struct AppState {
     pub model_root: String,
     pub max_model_len: usize,
     pub api_key: Option<String>,
+    /// Tool resources of the programs (DESIGN §7).
+    pub tools: Arc<Tools>,
+    /// The engine's program ends, subscribed at construction (so none is
+    /// missed) and taken by [`serve`], which hands them to `tools`.
+    ended: Mutex<Option<UnboundedReceiver<ProgramEnded>>>,
     next_id: AtomicU64,
 }
 
@@ -50,16 +62,36 @@ pub enum SetupError {
         dir: String,
         source: agentd_chat::ChatError,
     },
+    #[error("cannot set up tool resources: {0}")]
+    Tools(#[from] agentd_tools::ToolError),
 }
 
 impl AppState {
     /// State for `engine`, serving the model in `model_dir` (its tokenizer
-    /// and chat template) under `model_name`.
+    /// and chat template) under `model_name`, with the default tool setup
+    /// (no sandbox root: directories are refused).
     pub fn new(
         engine: Engine,
         model_dir: &Path,
         model_name: String,
         api_key: Option<String>,
+    ) -> Result<Self, SetupError> {
+        Self::with_tools(
+            engine,
+            model_dir,
+            model_name,
+            api_key,
+            ToolsConfig::default(),
+        )
+    }
+
+    /// [`AppState::new`] with the tool side configured.
+    pub fn with_tools(
+        engine: Engine,
+        model_dir: &Path,
+        model_name: String,
+        api_key: Option<String>,
+        tools: ToolsConfig,
     ) -> Result<Self, SetupError> {
         let dir = model_dir.display().to_string();
         let tokenizer = Tokenizer::from_dir(model_dir).map_err(|source| SetupError::Tokenizer {
@@ -84,6 +116,8 @@ impl AppState {
             None
         };
         let max_model_len = engine.max_model_len();
+        let tools = Arc::new(Tools::new(tools)?);
+        let ended = Mutex::new(Some(engine.subscribe_ended()));
         Ok(AppState {
             engine,
             tokenizer: Arc::new(tokenizer),
@@ -92,8 +126,25 @@ impl AppState {
             model_root: dir,
             max_model_len,
             api_key,
+            tools,
+            ended,
             next_id: AtomicU64::new(0),
         })
+    }
+
+    /// Declares a request's `tool_resources` for its program. Called before
+    /// the request reaches the engine, so that its end (a `final` request
+    /// may finish at once) always comes after the declaration.
+    pub fn declare_tools(&self, program: &ProgramRef) -> Result<(), ApiError> {
+        let (Some(id), Some(spec)) = (&program.program, &program.tool_resources) else {
+            return Ok(());
+        };
+        let declared = self
+            .tools
+            .declare(id, spec)
+            .map_err(|e| ApiError::tools("tool_resources", e))?;
+        tracing::info!(program = %id, resources = declared.len(), "tool resources declared with a request");
+        Ok(())
     }
 
     /// A response id such as `chatcmpl-18c2f...-7`: unique per process run.
@@ -135,6 +186,12 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(routes::info::metrics))
         .route("/programs", get(routes::programs::list))
         .route("/programs/release", post(routes::programs::release))
+        .route("/programs/{id}", get(routes::tools::program))
+        .route("/programs/{id}/resources", post(routes::tools::declare))
+        .route(
+            "/programs/{id}/environment",
+            post(routes::tools::prepare).get(routes::tools::environment),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -163,18 +220,65 @@ async fn require_api_key(State(state): State<SharedState>, req: Request, next: N
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves; then stops the
-/// engine.
+/// engine (and, with `reclaim_on_exit`, reclaims every live program's tool
+/// resources before returning).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: SharedState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let engine = state.engine.clone();
+    let tools = state.tools.clone();
+    let ended = state.ended.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let forwarder = ended.map(|mut rx| {
+        let tools = tools.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                tools.engine_ended(&ev.id, ev.reason.as_str(), Some(ev.at));
+            }
+        })
+    });
+    let sweeper = tools.orphan_lease.map(|lease| {
+        let (tools, engine) = (tools.clone(), engine.clone());
+        // Often enough that an orphan outlives the lease by a fraction of it.
+        let every = (lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let running = engine.programs().into_iter().map(|p| p.id).collect();
+                tools.sweep_orphans(&running);
+            }
+        })
+    });
     let app = router(state);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
     tracing::info!("server stopped; shutting the engine down");
     engine.shutdown();
+    for task in forwarder.into_iter().chain(sweeper) {
+        task.abort();
+    }
+    if tools.reclaim_on_exit {
+        let n = tools.registry.end_all("server_shutdown");
+        tracing::info!(
+            resources = n,
+            "--reclaim-on-exit: reclaiming every live program's tool resources"
+        );
+        if !tools.registry.wait_idle(RECLAIM_ON_EXIT_WAIT).await {
+            tracing::error!(
+                still_running = tools.registry.in_progress(),
+                "reclaims still running at exit"
+            );
+        }
+        let m = tools.registry.metrics();
+        tracing::info!(
+            reclaimed = m.reclaimed_total,
+            failed = m.failed_total,
+            live = m.live,
+            "tool resources at exit"
+        );
+    }
     result
 }

@@ -55,6 +55,9 @@ pub fn submit(
     n: usize,
     logprobs: bool,
 ) -> Result<Vec<Choice>, ApiError> {
+    // Before the engine sees the request: a `final` request may end the
+    // program (and so reclaim its resources) as soon as it is submitted.
+    state.declare_tools(program)?;
     let mut out = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, sampling)) in prompts.into_iter().enumerate() {
         for j in 0..n {

@@ -29,6 +29,10 @@ pub enum ApiError {
     ProgramNotFound(String),
     #[error("missing or invalid API key")]
     Unauthorized,
+    /// The request clashes with the current state (a resource being
+    /// reclaimed, an environment already being prepared).
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Overloaded(String),
     #[error("{0}")]
@@ -53,6 +57,7 @@ impl ApiError {
             }
             ApiError::ModelNotFound(_) | ApiError::ProgramNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -67,6 +72,7 @@ impl ApiError {
             }
             ApiError::ModelNotFound(_) | ApiError::ProgramNotFound(_) => "NotFoundError",
             ApiError::Unauthorized => "authentication_error",
+            ApiError::Conflict(_) => "conflict_error",
             ApiError::Overloaded(_) => "rate_limit_error",
             ApiError::Unavailable(_) => "service_unavailable",
             ApiError::Internal(_) => "internal_server_error",
@@ -156,6 +162,20 @@ impl From<ChatError> for ApiError {
             }
         } else {
             ApiError::Internal(e.to_string())
+        }
+    }
+}
+
+impl ApiError {
+    /// A tools error, blamed on request field `param` when it is the
+    /// client's fault.
+    pub fn tools(param: &'static str, e: agentd_tools::ToolError) -> Self {
+        use agentd_tools::ToolError as T;
+        match e {
+            e if e.is_client_error() => ApiError::invalid(param, e.to_string()),
+            T::Busy(_) | T::AlreadyPreparing(_) => ApiError::Conflict(e.to_string()),
+            T::DockerUnavailable { .. } => ApiError::Unavailable(e.to_string()),
+            e => ApiError::Internal(e.to_string()),
         }
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! - [`app`]: shared state, router (API key on all but `/health`), accept loop.
 //! - [`routes`]: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-//!   `/health`, `/metrics`, `/programs`, `/programs/release`.
+//!   `/health`, `/metrics`, `/programs`, `/programs/release`, and the tool
+//!   side of a program: `/programs/{id}`, `/programs/{id}/resources`,
+//!   `/programs/{id}/environment` (DESIGN §7, in `agentd-tools`).
 //! - [`protocol`]: OpenAI wire types; [`sampling`]: request fields → engine
 //!   sampling parameters; [`program_id`]: which program a request belongs to.
 //! - [`generation`]: engine token events → text pieces (detokenisation, stop

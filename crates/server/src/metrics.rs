@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 use agentd_engine::{Histogram, MetricsSnapshot};
+use agentd_tools::ToolMetrics;
 
 /// Renders `m` for the served model `model`.
 pub fn render(m: &MetricsSnapshot, model: &str) -> String {
@@ -140,6 +141,37 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
         &label,
         &m.e2e_s,
     );
+    out
+}
+
+/// The tool-resource counters (DESIGN §7), appended after the engine's.
+pub fn render_tools(m: &ToolMetrics, model: &str) -> String {
+    let mut out = String::with_capacity(512);
+    let label = format!("model_name=\"{}\"", escape(model));
+    for (name, kind, help, v) in [
+        (
+            "agentd:tool_resources_reclaimed_total",
+            "counter",
+            "Tool resources reclaimed after their last owner program ended.",
+            m.reclaimed_total,
+        ),
+        (
+            "agentd:tool_resources_failed_total",
+            "counter",
+            "Tool resources whose reclaim failed after every retry.",
+            m.failed_total,
+        ),
+        (
+            "agentd:tool_resources_live",
+            "gauge",
+            "Declared tool resources not yet reclaimed (live or reclaiming).",
+            m.live as u64,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name}{{{label}}} {v}");
+    }
     out
 }
 

@@ -3,7 +3,9 @@
 //! Order: body `program_id`, then `extra_body.program_id` (clients that send
 //! `extra_body` inline instead of merging it), then the `X-Session-ID`
 //! header. None of them makes the request a one-off program of its own.
+//! `tool_resources` is read the same way (body, then `extra_body`).
 
+use agentd_tools::ToolResources;
 use axum::http::HeaderMap;
 
 use crate::error::ApiError;
@@ -14,11 +16,24 @@ pub const SESSION_HEADER: &str = "x-session-id";
 /// Longest program id accepted (ids are kept in memory and on `/programs`).
 const MAX_ID_LEN: usize = 256;
 
-/// The program id and the `final` flag of a request.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// The program id, the `final` flag and the declared tool resources of a
+/// request.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProgramRef {
     pub program: Option<String>,
     pub final_request: bool,
+    pub tool_resources: Option<ToolResources>,
+}
+
+/// A program id from a URL or a body: 1 to [`MAX_ID_LEN`] bytes.
+pub fn check(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(ApiError::invalid(
+            "program_id",
+            format!("program_id must be 1 to {MAX_ID_LEN} bytes long"),
+        ));
+    }
+    Ok(())
 }
 
 pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiError> {
@@ -39,12 +54,7 @@ pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiE
         (None, "none")
     };
     if let Some(id) = &program {
-        if id.is_empty() || id.len() > MAX_ID_LEN {
-            return Err(ApiError::invalid(
-                "program_id",
-                format!("program_id must be 1 to {MAX_ID_LEN} bytes long"),
-            ));
-        }
+        check(id)?;
     }
     let final_request = c
         .final_request
@@ -53,10 +63,29 @@ pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiE
     if final_request && program.is_none() {
         tracing::debug!("`final` without a program id: the request is one-off anyway");
     }
-    tracing::debug!(program = ?program, source, final_request, "program resolved");
+    let tool_resources = match c
+        .tool_resources
+        .as_ref()
+        .or_else(|| extra.and_then(|e| e.tool_resources.as_ref()))
+    {
+        None => None,
+        Some(v) => {
+            let spec = ToolResources::from_json(v)
+                .map_err(|e| ApiError::invalid("tool_resources", e.to_string()))?;
+            if program.is_none() && !spec.is_empty() {
+                return Err(ApiError::invalid(
+                    "tool_resources",
+                    "tool_resources need a program id (program_id, extra_body.program_id or the X-Session-ID header)",
+                ));
+            }
+            Some(spec)
+        }
+    };
+    tracing::debug!(program = ?program, source, final_request, tools = tool_resources.is_some(), "program resolved");
     Ok(ProgramRef {
         program,
         final_request,
+        tool_resources,
     })
 }
 
@@ -90,5 +119,31 @@ mod tests {
         let r = resolve(&common("{}"), &HeaderMap::new()).unwrap();
         assert_eq!(r, ProgramRef::default());
         assert!(resolve(&common(r#"{"program_id":""}"#), &h).is_err());
+    }
+
+    #[test]
+    fn tool_resources_from_body_then_extra_body() {
+        let h = HeaderMap::new();
+        let r = resolve(
+            &common(r#"{"program_id":"p","tool_resources":{"dirs":["a"]},"extra_body":{"tool_resources":{"dirs":["b"]}}}"#),
+            &h,
+        )
+        .unwrap();
+        assert_eq!(r.tool_resources.unwrap().dirs, vec!["a"]);
+        let r = resolve(
+            &common(r#"{"extra_body":{"program_id":"p","tool_resources":{"docker_ids":["c1"],"pids":[7]}}}"#),
+            &h,
+        )
+        .unwrap();
+        let t = r.tool_resources.unwrap();
+        assert_eq!((t.docker_ids, t.pids), (vec!["c1".to_string()], vec![7]));
+        let e = resolve(&common(r#"{"tool_resources":{"dirs":["a"]}}"#), &h).unwrap_err();
+        assert!(e.to_string().contains("need a program id"), "{e}");
+        let e = resolve(
+            &common(r#"{"program_id":"p","tool_resources":{"dir":"a"}}"#),
+            &h,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
     }
 }

@@ -39,6 +39,8 @@ pub struct ExtraBody {
     pub program_id: Option<String>,
     #[serde(rename = "final")]
     pub final_request: Option<bool>,
+    /// Tool resources the program declares (DESIGN §7).
+    pub tool_resources: Option<Json>,
 }
 
 /// Fields shared by chat and text completions: sampling, program, streaming.
@@ -67,6 +69,7 @@ pub struct CommonParams {
     pub program_id: Option<String>,
     #[serde(rename = "final")]
     pub final_request: Option<bool>,
+    pub tool_resources: Option<Json>,
     pub extra_body: Option<ExtraBody>,
 }
 

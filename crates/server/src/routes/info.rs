@@ -31,8 +31,13 @@ pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     let snapshot = state.engine.metrics();
+    let mut text = metrics::render(&snapshot, &state.model_name);
+    text.push_str(&metrics::render_tools(
+        &state.tools.registry.metrics(),
+        &state.model_name,
+    ));
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        metrics::render(&snapshot, &state.model_name),
+        text,
     )
 }

@@ -4,3 +4,4 @@ pub mod chat;
 pub mod completions;
 pub mod info;
 pub mod programs;
+pub mod tools;

@@ -22,7 +22,21 @@ pub async fn release(
 ) -> Result<Json<Value>, ApiError> {
     let req: ReleaseRequest = parse_json(&body)?;
     if state.engine.release(&req.program_id) {
+        // Its tool resources follow through the engine's end event.
         tracing::info!(program = %req.program_id, "program released by client");
+        Ok(Json(
+            json!({"released": true, "program_id": req.program_id}),
+        ))
+    } else if state
+        .tools
+        .registry
+        .program(&req.program_id)
+        .is_some_and(|p| p.ended.is_none())
+    {
+        // Resources declared for a program that never ran (or whose engine
+        // side already ended): the release ends them directly.
+        let n = state.tools.program_ended(&req.program_id, "released");
+        tracing::info!(program = %req.program_id, reclaiming = n, "program known only to the tool registry released");
         Ok(Json(
             json!({"released": true, "program_id": req.program_id}),
         ))

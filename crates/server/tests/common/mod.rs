@@ -79,6 +79,73 @@ pub fn start_dir(dir: &Path, name: &str, api_key: Option<&str>, cfg: EngineConfi
     rx.recv_timeout(Duration::from_secs(60)).expect("server up")
 }
 
+/// A server with its tool side configured, and a way to stop it.
+pub struct Server {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Graceful shutdown; returns once `serve` has returned (after the
+    /// `reclaim_on_exit` reclaims, when configured).
+    pub fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().expect("server thread");
+        }
+    }
+}
+
+pub fn start_tools(
+    api_key: Option<&str>,
+    cfg: EngineConfig,
+    tools: agentd_tools::ToolsConfig,
+) -> Server {
+    let dir = model_dir();
+    let engine = Engine::start(dir, cfg).expect("engine");
+    let state = Arc::new(
+        AppState::with_tools(
+            engine,
+            dir,
+            MODEL.to_string(),
+            api_key.map(str::to_string),
+            tools,
+        )
+        .expect("state"),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("addr"))
+                .expect("send addr");
+            let stop = async move {
+                let _ = stop_rx.await;
+            };
+            agentd_server::serve(listener, state, stop)
+                .await
+                .expect("serve");
+        });
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(60)).expect("server up");
+    Server {
+        addr,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    }
+}
+
 /// One server shared by the tests of a binary (no API key).
 pub fn shared() -> SocketAddr {
     static ADDR: OnceLock<SocketAddr> = OnceLock::new();
