@@ -9,14 +9,13 @@ use std::time::Instant;
 
 use agentd_kv::{KvCache, ProgramId};
 use agentd_models::SequenceSampler;
-use agentd_scheduler::{Phase, Policy, Replicas, Route, State};
+use agentd_scheduler::{Policy, Replicas, Route};
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::{debug, info};
+use tracing::debug;
 
 use crate::metrics::Counters;
 use crate::{
     EndReason, EngineConfig, EngineError, Event, FinishReason, GenerateRequest, ProgramEnded,
-    ProgramStatus, Usage,
 };
 
 /// State a request shares with its caller's [`crate::RequestStream`].
@@ -106,7 +105,7 @@ pub(crate) struct Core {
     /// Subscribers to program terminations. Unbounded so that announcing
     /// never blocks a worker under the lock and no end is ever dropped.
     pub ended_subscribers: Vec<UnboundedSender<ProgramEnded>>,
-    next_program: u64,
+    pub(crate) next_program: u64,
 }
 
 impl Core {
@@ -254,26 +253,6 @@ impl Core {
         Ok(())
     }
 
-    fn new_program(&mut self, name: Option<String>) -> ProgramId {
-        let p = ProgramId(self.next_program);
-        self.next_program += 1;
-        self.programs.insert(
-            p,
-            Prog {
-                name,
-                current: None,
-                children: Vec::new(),
-                parent: None,
-                release_parent: false,
-                home: None,
-                release_pending: false,
-                end_reason: None,
-                steps: 0,
-            },
-        );
-        p
-    }
-
     /// Hands `p`'s current request to the policy; starts it if the program is
     /// active somewhere.
     fn route(&mut self, p: ProgramId) {
@@ -324,83 +303,6 @@ impl Core {
     fn pause_on(&mut self, p: ProgramId, r: usize) {
         self.running[r].retain(|q| *q != p);
         self.kv[r].pause(p);
-    }
-
-    /// Client API: release a program by name.
-    pub fn release(&mut self, name: &str) -> bool {
-        let Some(&p) = self.names.get(name) else {
-            return false;
-        };
-        if let Some(prog) = self.programs.get_mut(&p) {
-            prog.release_pending = true;
-            prog.end_reason = Some(EndReason::Released);
-        }
-        self.reap(p);
-        true
-    }
-
-    /// Terminates `p` if it is marked for release and no batch holds it.
-    fn reap(&mut self, p: ProgramId) {
-        let pending = self.programs.get(&p).is_some_and(|q| q.release_pending);
-        if !pending || self.in_flight.iter().any(|s| s.contains(&p)) {
-            return;
-        }
-        let Some(mut prog) = self.programs.remove(&p) else {
-            return;
-        };
-        if let Some(req) = prog.current.take() {
-            let usage = usage_of(&req);
-            let _ = req.tx.send(Event::Finished {
-                reason: FinishReason::Cancelled,
-                usage,
-            });
-        }
-        if let Some(h) = prog.home {
-            self.running[h].retain(|q| *q != p);
-            self.kv[h].release(p);
-        }
-        if let Some(name) = &prog.name {
-            self.names.remove(name);
-        }
-        self.policy.on_terminate(p);
-        let reason = prog.end_reason.unwrap_or(EndReason::Released);
-        info!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
-        // Releasing a program cancels its siblings (each is reaped now, or
-        // after the step that holds it).
-        for c in prog.children {
-            if let Some(child) = self.programs.get_mut(&c) {
-                child.release_pending = true;
-                child.parent = None;
-            }
-            self.reap(c);
-        }
-        if let Some(parent) = prog.parent {
-            if let Some(q) = self.programs.get_mut(&parent) {
-                q.children.retain(|c| *c != p);
-                if prog.release_parent {
-                    q.release_pending = true;
-                    q.end_reason = Some(EndReason::Final);
-                }
-            }
-            if prog.release_parent {
-                self.reap(parent);
-            }
-        }
-        if let Some(name) = prog.name {
-            self.announce_end(ProgramEnded {
-                id: name,
-                reason,
-                at: Instant::now(),
-            });
-        }
-    }
-
-    /// Tells every live subscriber that a named program ended; subscribers
-    /// that went away are forgotten.
-    fn announce_end(&mut self, ended: ProgramEnded) {
-        self.ended_subscribers
-            .retain(|tx| tx.send(ended.clone()).is_ok());
-        debug!(program = %ended.id, subscribers = self.ended_subscribers.len(), "program end announced");
     }
 
     /// Step bookkeeping before the forward of replica `r`: leases,
@@ -584,88 +486,5 @@ impl Core {
             self.kv[r].pause(s.program);
             self.finish(s.program, FinishReason::Cancelled);
         }
-    }
-
-    /// Ends `p`'s current request and starts its next one, if queued.
-    fn finish(&mut self, p: ProgramId, reason: FinishReason) {
-        let now = self.now();
-        let Some(prog) = self.programs.get_mut(&p) else {
-            return;
-        };
-        let Some(req) = prog.current.take() else {
-            return;
-        };
-        prog.steps += 1;
-        let home = prog.home;
-        if let Some(parent) = prog.parent.and_then(|q| self.programs.get_mut(&q)) {
-            parent.steps += 1;
-        }
-        let usage = usage_of(&req);
-        let _ = req.tx.send(Event::Finished { reason, usage });
-        self.counters.requests_finished += 1;
-        self.counters
-            .e2e_s
-            .observe(req.arrived.elapsed().as_secs_f64());
-        if let Some(h) = home {
-            self.running[h].retain(|q| *q != p);
-        }
-        let drop_kv = self.policy.on_request_finished(p, now, req.tokens.len());
-        if let (true, Some(h)) = (drop_kv, home) {
-            self.kv[h].pause(p);
-        }
-        let Some(prog) = self.programs.get_mut(&p) else {
-            return;
-        };
-        if req.final_request {
-            prog.release_pending = true;
-            prog.end_reason = Some(EndReason::Final);
-            self.reap(p);
-        }
-    }
-
-    pub fn program_status(&self) -> Vec<ProgramStatus> {
-        let mut v: Vec<ProgramStatus> = self
-            .programs
-            .iter()
-            .filter_map(|(p, prog)| {
-                let info = self.policy.program(*p);
-                let name = prog.name.clone()?;
-                Some(ProgramStatus {
-                    id: name,
-                    // Reasoning while any of its requests is in flight.
-                    phase: match info.as_ref().map(|i| i.phase) {
-                        Some(Phase::Acting) if prog.children.is_empty() => "acting",
-                        _ => "reasoning",
-                    },
-                    state: match info.as_ref().map(|i| i.state) {
-                        Some(State::Active) => "active",
-                        Some(State::Terminated) => "terminated",
-                        _ => "paused",
-                    },
-                    replica: prog.home,
-                    context_tokens: prog.current.as_ref().map_or_else(
-                        || info.as_ref().map_or(0, |i| i.context_tokens),
-                        |r| r.tokens.len(),
-                    ),
-                    blocks_held: prog.home.map_or(0, |h| self.kv[h].blocks_held(*p)),
-                    steps: prog.steps,
-                    waiting_requests: usize::from(
-                        prog.current.is_some()
-                            && !prog.home.is_some_and(|h| self.running[h].contains(p)),
-                    ),
-                    parallel_requests: prog.children.len(),
-                })
-            })
-            .collect();
-        v.sort_by(|a, b| a.id.cmp(&b.id));
-        v
-    }
-}
-
-fn usage_of(req: &Req) -> Usage {
-    Usage {
-        prompt_tokens: req.prompt_len,
-        completion_tokens: req.tokens.len() - req.prompt_len,
-        cached_tokens: req.cached_tokens.unwrap_or(0),
     }
 }

@@ -16,6 +16,7 @@ mod api;
 mod config;
 mod core;
 mod engine;
+mod lifecycle;
 mod metrics;
 mod worker;
 
