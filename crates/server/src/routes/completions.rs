@@ -65,6 +65,7 @@ pub async fn handle(
     let (prompt, prompt_text) = prompt_tokens(&state, req.prompt)?;
     let sampling = sampling::build(&req.common, req.logprobs, prompt.len(), state.max_model_len)?;
     let prompt_len = prompt.len();
+    let prompt_ids = req.return_token_ids.then(|| prompt.clone());
     tracing::info!(
         program = ?program.program,
         prompt_tokens = prompt_len,
@@ -100,6 +101,8 @@ pub async fn handle(
             .is_some_and(|o| o.include_usage),
         offset: 0,
         done: false,
+        return_token_ids: req.return_token_ids,
+        prompt_token_ids: prompt_ids.clone(),
     };
     if req.common.stream {
         if let Some(text) = echo {
@@ -109,6 +112,7 @@ pub async fn handle(
                 Piece {
                     text,
                     logprobs: Vec::new(),
+                    token_ids: Vec::new(),
                 },
                 None,
             );
@@ -135,6 +139,8 @@ pub async fn handle(
             text,
             logprobs: lp,
             finish_reason: Some(done.reason),
+            prompt_token_ids: prompt_ids,
+            token_ids: req.return_token_ids.then_some(done.token_ids),
         }],
         usage: Some(Some(done.usage)),
     })
@@ -151,6 +157,9 @@ struct CompletionStream {
     /// Bytes of text sent so far (`text_offset` of the next token).
     offset: usize,
     done: bool,
+    return_token_ids: bool,
+    /// Sent on the first chunk, then `None`.
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 impl CompletionStream {
@@ -161,6 +170,11 @@ impl CompletionStream {
             lp
         });
         self.offset += piece.text.len();
+        let (prompt_token_ids, token_ids) = if self.return_token_ids {
+            (self.prompt_token_ids.take(), Some(piece.token_ids))
+        } else {
+            (None, None)
+        };
         sse::event(&CompletionResponse {
             id: self.id.clone(),
             object: "text_completion",
@@ -171,6 +185,8 @@ impl CompletionStream {
                 text: piece.text,
                 logprobs: lp,
                 finish_reason: finish,
+                prompt_token_ids,
+                token_ids,
             }],
             usage: self.include_usage.then_some(None),
         })
