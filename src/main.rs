@@ -29,7 +29,7 @@ enum Command {
     /// Generate from a prompt offline (no server) through the paged runtime.
     Generate(cmd::generate::GenerateArgs),
     /// Agentic benchmark of OpenAI-compatible servers (agentd, vLLM): steps/min and hit rate vs concurrency.
-    Bench(cmd::bench::BenchArgs),
+    Bench(Box<cmd::bench::BenchArgs>),
     /// Measure prefill/decode throughput against stock candle-transformers.
     BenchModel(cmd::bench_model::BenchModelArgs),
 }
@@ -48,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::MakeModel(a) => cmd::make_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),
-        Command::Bench(a) => cmd::bench::run(a),
+        Command::Bench(a) => cmd::bench::run(*a),
         Command::BenchModel(a) => cmd::bench_model::run(a),
     }
 }

@@ -140,9 +140,9 @@ fn bench_against_agentd_serve_writes_rows_plot_and_table() {
         stdout.contains("steps/min") && stdout.contains("x agentd"),
         "{stdout}"
     );
-    let rows = rows(&out);
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    for (r, c) in rows.iter().zip([1, 3]) {
+    let got = rows(&out);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (r, c) in got.iter().zip([1, 3]) {
         assert_eq!(r["target"], "agentd");
         assert_eq!(r["concurrency"], c);
         assert_eq!(r["errors"], 0, "{r}");
@@ -165,6 +165,30 @@ fn bench_against_agentd_serve_writes_rows_plot_and_table() {
     }
     let svg = std::fs::read_to_string(out.join("out.svg")).expect("svg");
     assert!(svg.starts_with("<svg") && svg.contains("agentd"));
+
+    // Chat mode, whole responses: the same server through the chat template.
+    let chat = tmp("bench-e2e-chat");
+    let cmd = bench_cmd(
+        &format!("http://{addr}"),
+        &chat,
+        &[
+            "--mode",
+            "chat",
+            "--no-stream",
+            "--concurrency",
+            "2",
+            "--duration-s",
+            "1.5",
+        ],
+    );
+    let (o, _) = output_within(cmd, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = &rows(&chat)[0];
+    assert_eq!(r["errors"], 0, "{r}");
+    assert!(r["steps"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["ttft_p50_s"].is_null(), "no TTFT without streaming: {r}");
+    // Later turns extend the earlier ones' prompts through the template.
+    assert!(r["prefix_hit_rate"].as_f64().unwrap() > 0.3, "{r}");
 }
 
 #[test]

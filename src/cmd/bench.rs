@@ -184,6 +184,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let load_end = load_avg();
     println!("{description}");
     print!("{}", report::table(&rows).render());
+    if args.targets.len() > 1 {
+        println!("steps/min ratios between targets:");
+        print!("{}", report::pair_ratios(&rows).render());
+    }
     if let (Some(a), Some(b)) = (&load_start, &load_end) {
         println!("load average (1/5/15 min): start {a}, end {b}");
     }

@@ -108,7 +108,7 @@ pub async fn run_sweep(targets: &[Target], cfg: &SweepConfig) -> Vec<LevelRow> {
             Ok(m) => client.model = m,
             Err(e) => {
                 tracing::error!(target = %t.name, error = %e, "target unreachable");
-                bar.println(format!("{}: unreachable: {e}", t.name));
+                say(&bar, format!("{}: unreachable: {e}", t.name));
                 for &c in &cfg.concurrency {
                     rows.push(LevelRow::failed(&t.name, c, e.to_string()));
                 }
@@ -121,7 +121,7 @@ pub async fn run_sweep(targets: &[Target], cfg: &SweepConfig) -> Vec<LevelRow> {
                 tokio::time::sleep(cfg.settle).await;
             }
             let row = driver::run_level(&client, &cfg.run, &t.name, c, &bar).await;
-            bar.println(format!(
+            say(&bar, format!(
                 "{} c={}: {:.1} steps/min, hit {:.3} (ideal {:.3}), p50 {:.2}s p99 {:.2}s, {} errors",
                 row.target,
                 row.concurrency,
@@ -135,16 +135,29 @@ pub async fn run_sweep(targets: &[Target], cfg: &SweepConfig) -> Vec<LevelRow> {
             let stop = row.aborted;
             rows.push(row);
             if stop {
-                bar.println(format!(
-                    "{}: stopped by errors; skipping its remaining levels",
-                    t.name
-                ));
+                say(
+                    &bar,
+                    format!(
+                        "{}: stopped by errors; skipping its remaining levels",
+                        t.name
+                    ),
+                );
                 break;
             }
         }
     }
     bar.finish_and_clear();
     rows
+}
+
+/// A line above the progress bar, or on stderr when there is no bar (not a
+/// terminal, or --no-progress).
+fn say(bar: &ProgressBar, msg: String) {
+    if bar.is_hidden() {
+        eprintln!("{msg}");
+    } else {
+        bar.println(msg);
+    }
 }
 
 #[cfg(test)]

@@ -72,9 +72,53 @@ pub fn table(rows: &[LevelRow]) -> Table {
     t
 }
 
-/// The table as GitHub markdown.
+/// Steps/min of every later target against every earlier one, per
+/// concurrency ("b/a" = b's steps/min over a's): e.g. agentd/vLLM and
+/// program/request side by side.
+pub fn pair_ratios(rows: &[LevelRow]) -> Table {
+    let names = targets(rows);
+    let mut pairs = Vec::new();
+    for (j, b) in names.iter().enumerate() {
+        for a in &names[..j] {
+            pairs.push((b.clone(), a.clone()));
+        }
+    }
+    let mut header = vec!["conc".to_string()];
+    header.extend(pairs.iter().map(|(b, a)| format!("{b}/{a}")));
+    let mut t = Table::new(header);
+    let mut levels: Vec<usize> = rows.iter().map(|r| r.concurrency).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let spm = |name: &str, c: usize| {
+        rows.iter()
+            .find(|r| r.target == name && r.concurrency == c)
+            .map(|r| r.steps_per_min)
+    };
+    for c in levels {
+        let mut cells = vec![c.to_string()];
+        for (b, a) in &pairs {
+            cells.push(match (spm(b, c), spm(a, c)) {
+                (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
+                _ => "-".into(),
+            });
+        }
+        t.row(cells);
+    }
+    t
+}
+
+/// The main table, then the pairwise ratios, as GitHub markdown.
 pub fn markdown(rows: &[LevelRow]) -> String {
-    let text = table(rows).render();
+    let mut out = table_markdown(&table(rows));
+    if targets(rows).len() > 1 {
+        out.push_str("\nSteps/min ratios between targets:\n\n");
+        out.push_str(&table_markdown(&pair_ratios(rows)));
+    }
+    out
+}
+
+fn table_markdown(t: &Table) -> String {
+    let text = t.render();
     let mut out = String::new();
     for (i, line) in text.lines().enumerate() {
         if i == 1 {
@@ -156,8 +200,13 @@ mod tests {
         assert_eq!(ratio_to_first(&rows, &rows[3]), None);
         let t = table(&rows).render();
         assert!(t.contains("x a"));
-        let md = markdown(&rows);
+        let md = table_markdown(&table(&rows));
         assert_eq!(md.lines().count(), 6);
+        let pr = pair_ratios(&rows).render();
+        assert!(pr.contains("b/a"), "{pr}");
+        assert!(pr.lines().nth(2).unwrap().ends_with("2.50"), "{pr}");
+        assert!(pr.lines().nth(3).unwrap().ends_with("-"), "{pr}");
+        assert!(markdown(&rows).contains("| conc | b/a |"));
         assert!(md.lines().nth(1).unwrap().starts_with("|---:|"));
         let svg = plot(&rows, "t").to_svg();
         assert!(svg.contains("<svg") && svg.contains("steps / min"));
