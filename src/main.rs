@@ -28,6 +28,8 @@ enum Command {
     MakeModel(cmd::make_model::MakeModelArgs),
     /// Generate from a prompt offline (no server) through the paged runtime.
     Generate(cmd::generate::GenerateArgs),
+    /// Agentic benchmark of OpenAI-compatible servers (agentd, vLLM): steps/min and hit rate vs concurrency.
+    Bench(Box<cmd::bench::BenchArgs>),
     /// Measure prefill/decode throughput against stock candle-transformers.
     BenchModel(cmd::bench_model::BenchModelArgs),
 }
@@ -46,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::MakeModel(a) => cmd::make_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Bench(a) => cmd::bench::run(*a),
         Command::BenchModel(a) => cmd::bench_model::run(a),
     }
 }

@@ -18,6 +18,9 @@ use crate::stop::{StopMatcher, StopOutcome};
 pub struct Piece {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    /// Ids of the tokens generated since the previous piece (vLLM's
+    /// `return_token_ids`): every generated token lands in exactly one piece.
+    pub token_ids: Vec<u32>,
 }
 
 /// What [`Generation::next`] yields.
@@ -48,6 +51,8 @@ pub struct Generation {
     /// Logprobs not yet handed out, with the byte offset where each token's
     /// text starts.
     pending: VecDeque<(usize, TokenLogprob)>,
+    /// Generated token ids not yet handed out.
+    pending_ids: Vec<u32>,
 }
 
 impl Generation {
@@ -72,6 +77,7 @@ impl Generation {
             decoded: 0,
             emitted: 0,
             pending: VecDeque::new(),
+            pending_ids: Vec::new(),
         }
     }
 
@@ -129,6 +135,7 @@ impl Generation {
 
     fn on_token(&mut self, t: TokenEvent) -> Result<Option<Step>, ApiError> {
         self.completion_tokens += 1;
+        self.pending_ids.push(t.token_id);
         if self.logprobs {
             let lp = self.token_logprob(&t)?;
             self.pending.push_back((self.decoded, lp));
@@ -181,7 +188,11 @@ impl Generation {
                 logprobs.push(lp);
             }
         }
-        Piece { text, logprobs }
+        Piece {
+            text,
+            logprobs,
+            token_ids: std::mem::take(&mut self.pending_ids),
+        }
     }
 
     fn token_logprob(&self, t: &TokenEvent) -> Result<TokenLogprob, ApiError> {
@@ -212,6 +223,7 @@ impl Generation {
 pub struct Collected {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    pub token_ids: Vec<u32>,
     pub reason: &'static str,
     pub usage: UsageInfo,
 }
@@ -221,11 +233,13 @@ pub struct Collected {
 pub async fn collect(mut gen: Generation) -> Result<Collected, ApiError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
+    let mut token_ids = Vec::new();
     loop {
         match gen.next().await? {
             Some(Step::Piece(p)) => {
                 text.push_str(&p.text);
                 logprobs.extend(p.logprobs);
+                token_ids.extend(p.token_ids);
             }
             Some(Step::Finished {
                 piece,
@@ -234,9 +248,11 @@ pub async fn collect(mut gen: Generation) -> Result<Collected, ApiError> {
             }) => {
                 text.push_str(&piece.text);
                 logprobs.extend(piece.logprobs);
+                token_ids.extend(piece.token_ids);
                 return Ok(Collected {
                     text,
                     logprobs,
+                    token_ids,
                     reason,
                     usage,
                 });

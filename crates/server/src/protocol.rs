@@ -109,6 +109,10 @@ pub struct CompletionRequest {
     pub logprobs: Option<u32>,
     #[serde(default)]
     pub echo: bool,
+    /// vLLM's `return_token_ids`: the choice carries `prompt_token_ids`
+    /// (first chunk when streaming) and the generated `token_ids`.
+    #[serde(default)]
+    pub return_token_ids: bool,
     #[serde(flatten)]
     pub common: CommonParams,
 }
@@ -251,6 +255,13 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// With `return_token_ids`: the prompt's ids (whole response, or the
+    /// first stream chunk only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// With `return_token_ids`: the ids generated in this response or chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// A text completion, whole or as one stream chunk (same object, as OpenAI).

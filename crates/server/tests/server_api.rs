@@ -189,6 +189,48 @@ fn completions_text_tokens_stream_and_logprobs() {
 }
 
 #[test]
+fn completions_return_token_ids_whole_and_streamed() {
+    let addr = shared();
+    let ids: Vec<u32> = (2000..2024).collect();
+    let body = json!({"model": MODEL, "prompt": ids, "max_tokens": 7, "temperature": 0,
+                      "ignore_eos": true, "return_token_ids": true});
+    let r = post(addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["prompt_token_ids"], json!(ids));
+    let whole: Vec<u64> = choice["token_ids"]
+        .as_array()
+        .expect("token_ids")
+        .iter()
+        .map(|t| t.as_u64().expect("id"))
+        .collect();
+    assert_eq!(whole.len(), 7);
+
+    let mut sbody = body.clone();
+    merge(&mut sbody, json!({"stream": true}));
+    let r = post(addr, "/v1/completions", &sbody);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let chunks = stream_chunks(&r.events());
+    assert_eq!(chunks[0]["choices"][0]["prompt_token_ids"], json!(ids));
+    let streamed: Vec<u64> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .flat_map(|c| c["token_ids"].as_array().cloned().unwrap_or_default())
+        .map(|t| t.as_u64().expect("id"))
+        .collect();
+    assert_eq!(streamed, whole, "greedy: the same ids, split over chunks");
+
+    // Without the flag the fields are absent (as in OpenAI's API).
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": ids, "max_tokens": 2, "ignore_eos": true}),
+    );
+    assert!(r.json()["choices"][0].get("token_ids").is_none());
+}
+
+#[test]
 fn stop_string_still_reports_cached_tokens() {
     let addr = shared();
     let prompt = "Once upon a time there was a compiler that never finished. ".repeat(6);

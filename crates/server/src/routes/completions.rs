@@ -72,6 +72,7 @@ pub async fn handle(
     let prompts = prompt_list(&state, req.prompt)?;
     let n = choices::count(req.common.n, prompts.len())?;
     let mut texts = Vec::with_capacity(prompts.len());
+    let mut prompt_ids = Vec::with_capacity(prompts.len());
     let mut submit = Vec::with_capacity(prompts.len());
     for (ids, text) in prompts {
         let sampling = sampling::build(&req.common, req.logprobs, ids.len(), state.max_model_len)?;
@@ -84,6 +85,9 @@ pub async fn handle(
             "completion"
         );
         texts.push(text);
+        if req.return_token_ids {
+            prompt_ids.push(ids.clone());
+        }
         submit.push((ids, sampling));
     }
     let logprobs = req.logprobs.is_some();
@@ -94,6 +98,9 @@ pub async fn handle(
         model: state.model_name.clone(),
     };
     let echo = |index: usize| req.echo.then(|| texts[index / n].clone());
+    // vLLM's `return_token_ids`: each choice carries its prompt's ids (on its
+    // first chunk when streaming) and the ids it generated.
+    let ids_of = |index: usize| prompt_ids.get(index / n).cloned();
     if req.common.stream {
         let include_usage = req
             .common
@@ -113,6 +120,8 @@ pub async fn handle(
                     include_usage,
                     offset: 0,
                     done: false,
+                    return_token_ids: req.return_token_ids,
+                    prompt_token_ids: ids_of(c.index),
                 }
                 .into_stream()
             })
@@ -146,6 +155,8 @@ pub async fn handle(
             text,
             logprobs: lp,
             finish_reason: Some(d.reason),
+            prompt_token_ids: ids_of(index),
+            token_ids: req.return_token_ids.then_some(d.token_ids),
         });
     }
     Ok(Json(CompletionResponse {
@@ -192,6 +203,9 @@ struct CompletionStream {
     /// Bytes of text sent so far (`text_offset` of the next token).
     offset: usize,
     done: bool,
+    return_token_ids: bool,
+    /// Sent on the choice's first chunk, then `None`.
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 impl CompletionStream {
@@ -202,6 +216,11 @@ impl CompletionStream {
             lp
         });
         self.offset += piece.text.len();
+        let (prompt_token_ids, token_ids) = if self.return_token_ids {
+            (self.prompt_token_ids.take(), Some(piece.token_ids))
+        } else {
+            (None, None)
+        };
         sse::event(&CompletionResponse {
             id: self.meta.id.clone(),
             object: "text_completion",
@@ -212,6 +231,8 @@ impl CompletionStream {
                 text: piece.text,
                 logprobs: lp,
                 finish_reason: finish,
+                prompt_token_ids,
+                token_ids,
             }],
             usage: self.include_usage.then_some(None),
         })
@@ -225,6 +246,7 @@ impl CompletionStream {
             let piece = Piece {
                 text,
                 logprobs: Vec::new(),
+                token_ids: Vec::new(),
             };
             return Some(ChoiceStep::Chunks(vec![self.chunk(piece, None)]));
         }

@@ -1,0 +1,442 @@
+//! A minimal OpenAI client for the benchmark: one model call per turn
+//! (`/v1/completions` with token ids, or `/v1/chat/completions`), whole or
+//! streamed, with a deadline on every request; `/programs/release`;
+//! `/metrics`.
+//!
+//! Token mode needs the generated ids back to build the next prompt
+//! exactly: the request sets `return_token_ids: true`, which vLLM (≥ 0.10.2)
+//! and agentd both honour (`choices[0].token_ids`, per chunk when
+//! streaming). A server that ignores it is reported as an error rather than
+//! silently measured on a prompt it never cached.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::prom::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to {url}: {msg}")]
+    Connect { url: String, msg: String },
+    #[error("{url}: no complete answer within {secs:.0} s")]
+    Timeout { url: String, secs: f64 },
+    #[error("{url}: HTTP {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("{url}: {msg}")]
+    Protocol { url: String, msg: String },
+}
+
+/// How a turn is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `/v1/completions` with a token-id prompt: exact counts.
+    Tokens,
+    /// `/v1/chat/completions` with messages whose words stand for tokens.
+    Chat,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tokens" | "completions" => Ok(Mode::Tokens),
+            "chat" => Ok(Mode::Chat),
+            o => Err(format!("mode {o:?}: expected tokens or chat")),
+        }
+    }
+}
+
+/// One model call's answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepReply {
+    /// Generated ids (token mode).
+    pub token_ids: Vec<u32>,
+    /// Generated text (chat mode).
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// `usage.prompt_tokens_details.cached_tokens`, when the server sends it.
+    pub cached_tokens: Option<usize>,
+    /// Time to the first generated token, when streaming.
+    pub ttft_s: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    pub model: String,
+    pub stream: bool,
+    timeout: Duration,
+}
+
+/// What the body of a turn carries.
+pub enum Prompt<'a> {
+    Tokens(&'a [u32]),
+    Chat(&'a [Value]),
+}
+
+impl Client {
+    pub fn new(base: &str, timeout: Duration, stream: bool) -> Result<Client, ClientError> {
+        let base = base.trim_end_matches('/').to_string();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5).min(timeout))
+            .timeout(timeout)
+            .pool_max_idle_per_host(256)
+            .build()
+            .map_err(|e| ClientError::Connect {
+                url: base.clone(),
+                msg: e.to_string(),
+            })?;
+        Ok(Client {
+            http,
+            base,
+            model: String::new(),
+            stream,
+            timeout,
+        })
+    }
+
+    fn err(&self, url: &str, e: reqwest::Error) -> ClientError {
+        if e.is_timeout() {
+            ClientError::Timeout {
+                url: url.to_string(),
+                secs: self.timeout.as_secs_f64(),
+            }
+        } else if e.is_connect() {
+            ClientError::Connect {
+                url: url.to_string(),
+                msg: error_chain(&e),
+            }
+        } else {
+            ClientError::Protocol {
+                url: url.to_string(),
+                msg: error_chain(&e),
+            }
+        }
+    }
+
+    async fn get_text(&self, path: &str, timeout: Duration) -> Result<String, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| self.err(&url, e))?;
+        let status = resp.status().as_u16();
+        let body = resp.text().await.map_err(|e| self.err(&url, e))?;
+        if status != 200 {
+            return Err(ClientError::Status {
+                url,
+                status,
+                body: truncate(&body),
+            });
+        }
+        Ok(body)
+    }
+
+    /// The served model ids (`GET /v1/models`).
+    pub async fn models(&self) -> Result<Vec<String>, ClientError> {
+        let url = format!("{}/v1/models", self.base);
+        let body = self
+            .get_text("/v1/models", Duration::from_secs(10).min(self.timeout))
+            .await?;
+        let v: Value = serde_json::from_str(&body).map_err(|e| ClientError::Protocol {
+            url: url.clone(),
+            msg: format!("bad JSON: {e}"),
+        })?;
+        let ids: Vec<String> = v["data"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|m| m["id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if ids.is_empty() {
+            return Err(ClientError::Protocol {
+                url,
+                msg: "no model listed".into(),
+            });
+        }
+        Ok(ids)
+    }
+
+    /// The server's counters; `None` when `/metrics` is missing or fails.
+    pub async fn metrics(&self) -> Option<Metrics> {
+        match self.get_text("/metrics", Duration::from_secs(10)).await {
+            Ok(t) => Some(Metrics::parse(&t)),
+            Err(e) => {
+                tracing::debug!(error = %e, "no metrics");
+                None
+            }
+        }
+    }
+
+    /// `POST /programs/release`; any failure (vLLM has no such route) is
+    /// ignored.
+    pub async fn release(&self, program_id: &str) {
+        let url = format!("{}/programs/release", self.base);
+        let r = self
+            .http
+            .post(&url)
+            .timeout(Duration::from_secs(5).min(self.timeout))
+            .header("content-type", "application/json")
+            .body(json!({ "program_id": program_id }).to_string())
+            .send()
+            .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, program_id, "release failed");
+        }
+    }
+
+    /// One model call generating exactly `max_tokens` tokens.
+    pub async fn step(
+        &self,
+        program_id: &str,
+        prompt: Prompt<'_>,
+        max_tokens: usize,
+    ) -> Result<StepReply, ClientError> {
+        let (path, mut body) = match prompt {
+            Prompt::Tokens(ids) => (
+                "/v1/completions",
+                json!({"prompt": ids, "return_token_ids": true}),
+            ),
+            Prompt::Chat(messages) => (
+                "/v1/chat/completions",
+                json!({"messages": messages,
+                       "chat_template_kwargs": {"enable_thinking": false}}),
+            ),
+        };
+        let tokens = matches!(prompt, Prompt::Tokens(_));
+        if let Some(b) = body.as_object_mut() {
+            b.insert("model".into(), json!(self.model));
+            b.insert("max_tokens".into(), json!(max_tokens));
+            b.insert("ignore_eos".into(), json!(true));
+            b.insert("temperature".into(), json!(0));
+            b.insert("program_id".into(), json!(program_id));
+            if self.stream {
+                b.insert("stream".into(), json!(true));
+                b.insert("stream_options".into(), json!({"include_usage": true}));
+            }
+        }
+        let url = format!("{}{path}", self.base);
+        let started = Instant::now();
+        let mut resp = self
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("x-session-id", program_id)
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| self.err(&url, e))?;
+        let status = resp.status().as_u16();
+        if status != 200 || !self.stream {
+            let text = resp.text().await.map_err(|e| self.err(&url, e))?;
+            if status != 200 {
+                return Err(ClientError::Status {
+                    url,
+                    status,
+                    body: truncate(&text),
+                });
+            }
+            let v: Value = serde_json::from_str(&text).map_err(|e| ClientError::Protocol {
+                url: url.clone(),
+                msg: format!("bad JSON: {e}"),
+            })?;
+            let mut reply = StepReply::default();
+            absorb(&mut reply, &v);
+            return finish(reply, tokens, max_tokens, &url);
+        }
+        let mut reply = StepReply::default();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut done = false;
+        while !done {
+            let chunk = resp.chunk().await.map_err(|e| self.err(&url, e))?;
+            let Some(chunk) = chunk else { break };
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = find_event_end(&buf) {
+                let event: Vec<u8> = buf.drain(..end.0 + end.1).collect();
+                let event = String::from_utf8_lossy(&event[..end.0]).into_owned();
+                for line in event.lines() {
+                    let Some(data) = line.strip_prefix("data:") else {
+                        continue;
+                    };
+                    let data = data.trim();
+                    if data == "[DONE]" {
+                        done = true;
+                        continue;
+                    }
+                    let v: Value =
+                        serde_json::from_str(data).map_err(|e| ClientError::Protocol {
+                            url: url.clone(),
+                            msg: format!("bad stream chunk: {e}"),
+                        })?;
+                    if let Some(err) = v.get("error") {
+                        return Err(ClientError::Protocol {
+                            url: url.clone(),
+                            msg: format!("error in stream: {}", truncate(&err.to_string())),
+                        });
+                    }
+                    let before = (reply.token_ids.len(), reply.text.len());
+                    absorb(&mut reply, &v);
+                    if reply.ttft_s.is_none() && (reply.token_ids.len(), reply.text.len()) != before
+                    {
+                        reply.ttft_s = Some(started.elapsed().as_secs_f64());
+                    }
+                }
+            }
+        }
+        if !done {
+            return Err(ClientError::Protocol {
+                url,
+                msg: "stream ended without [DONE]".into(),
+            });
+        }
+        finish(reply, tokens, max_tokens, &url)
+    }
+}
+
+/// (index of the blank line ending the first event, separator length).
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Folds one response or stream chunk into `reply`.
+fn absorb(reply: &mut StepReply, v: &Value) {
+    if let Some(choice) = v["choices"].get(0) {
+        if let Some(ids) = choice["token_ids"].as_array() {
+            reply
+                .token_ids
+                .extend(ids.iter().filter_map(|t| t.as_u64()).map(|t| t as u32));
+        }
+        if let Some(t) = choice["text"].as_str() {
+            reply.text.push_str(t);
+        }
+        for part in [&choice["message"], &choice["delta"]] {
+            if let Some(t) = part["content"].as_str() {
+                reply.text.push_str(t);
+            }
+        }
+    }
+    let usage = &v["usage"];
+    if usage.is_object() {
+        reply.prompt_tokens = usage["prompt_tokens"].as_u64().unwrap_or(0) as usize;
+        reply.completion_tokens = usage["completion_tokens"].as_u64().unwrap_or(0) as usize;
+        reply.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .map(|c| c as usize);
+    }
+}
+
+fn finish(
+    mut reply: StepReply,
+    tokens: bool,
+    max_tokens: usize,
+    url: &str,
+) -> Result<StepReply, ClientError> {
+    if tokens && reply.token_ids.is_empty() {
+        return Err(ClientError::Protocol {
+            url: url.to_string(),
+            msg: "no choices[0].token_ids in the answer: the server must support \
+                  \"return_token_ids\" (vLLM >= 0.10.2, agentd) for token mode; \
+                  use --mode chat otherwise"
+                .into(),
+        });
+    }
+    if reply.completion_tokens == 0 {
+        reply.completion_tokens = if tokens {
+            reply.token_ids.len()
+        } else {
+            max_tokens
+        };
+    }
+    Ok(reply)
+}
+
+fn truncate(s: &str) -> String {
+    const MAX: usize = 300;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_event_boundaries() {
+        assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some((7, 2)));
+        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some((7, 4)));
+        assert_eq!(find_event_end(b"data: x\n"), None);
+    }
+
+    #[test]
+    fn absorbs_vllm_and_agentd_shapes() {
+        let mut r = StepReply::default();
+        absorb(
+            &mut r,
+            &json!({"choices":[{"text":"ab","token_ids":[5,6]}],"usage":null}),
+        );
+        absorb(&mut r, &json!({"choices":[{"text":"c","token_ids":[7]}]}));
+        absorb(
+            &mut r,
+            &json!({"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,
+                    "prompt_tokens_details":{"cached_tokens":8}}}),
+        );
+        assert_eq!(r.token_ids, vec![5, 6, 7]);
+        assert_eq!(r.text, "abc");
+        assert_eq!((r.prompt_tokens, r.completion_tokens), (10, 3));
+        assert_eq!(r.cached_tokens, Some(8));
+        // vLLM may send `prompt_tokens_details: null`.
+        let mut r = StepReply::default();
+        absorb(
+            &mut r,
+            &json!({"choices":[{"message":{"content":"hi"}}],
+                    "usage":{"prompt_tokens":4,"completion_tokens":1,"prompt_tokens_details":null}}),
+        );
+        assert_eq!(r.cached_tokens, None);
+        assert_eq!(r.text, "hi");
+        assert!(finish(r, true, 1, "u").is_err(), "token mode needs ids");
+    }
+
+    #[test]
+    fn long_error_bodies_are_cut_on_char_boundaries() {
+        let s = "é".repeat(400);
+        let t = truncate(&s);
+        assert!(t.len() < 310 && t.ends_with('…'));
+    }
+}

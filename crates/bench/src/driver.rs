@@ -1,0 +1,350 @@
+//! The closed-loop driver: N programs at once against one endpoint; when a
+//! program ends the next starts; a warm-up is excluded from the window.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use indicatif::ProgressBar;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::client::{Client, Mode, Prompt};
+use crate::prom::{self, Metrics};
+use crate::result::{LevelRow, Sample};
+use crate::workload::{ideal_hit_tokens, program_stream, text_for, BenchWorkload, ProgramPlan};
+
+/// Everything a run needs besides the target and the concurrency.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub workload: BenchWorkload,
+    pub mode: Mode,
+    /// Measured seconds per level (after the warm-up).
+    pub duration_s: f64,
+    /// Seconds at the start of each level excluded from the rates.
+    pub warmup_s: f64,
+    pub seed: u64,
+    /// Block size of the client's ideal-cache computation.
+    pub block_size: usize,
+    /// A level stops (and its target is given up) after this many errors in
+    /// a row; default: max(4, concurrency).
+    pub max_consecutive_errors: Option<usize>,
+    /// Prefix of program ids (distinct per run so servers never mix runs).
+    pub run_id: String,
+}
+
+struct Shared {
+    cfg: RunConfig,
+    client: Client,
+    concurrency: usize,
+    system: Vec<u32>,
+    window_start: Instant,
+    end: Instant,
+    next_program: AtomicU64,
+    system_seen: AtomicBool,
+    samples: Mutex<Vec<Sample>>,
+    errors: AtomicUsize,
+    consecutive: AtomicUsize,
+    messages: Mutex<Vec<String>>,
+    programs_finished: AtomicUsize,
+    abort: watch::Sender<bool>,
+    aborted_at: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    fn stopping(&self) -> bool {
+        *self.abort.borrow() || Instant::now() >= self.end
+    }
+
+    /// Resolves when the level's time is up or it was aborted.
+    async fn stop_signal(&self) {
+        let mut rx = self.abort.subscribe();
+        tokio::select! {
+            _ = tokio::time::sleep_until(self.end) => {}
+            _ = rx.wait_for(|a| *a) => {}
+        }
+    }
+
+    fn record_error(&self, msg: String) {
+        if self.stopping() {
+            // A request cut by the end of the level is not the server's fault.
+            return;
+        }
+        let n = self.errors.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(concurrency = self.concurrency, error = %msg, "step failed");
+        if let Ok(mut m) = self.messages.lock() {
+            if m.len() < 5 {
+                m.push(msg);
+            }
+        }
+        let run = self.consecutive.fetch_add(1, Ordering::Relaxed) + 1;
+        let limit = self
+            .cfg
+            .max_consecutive_errors
+            .unwrap_or(self.concurrency.max(4));
+        if run >= limit && !*self.abort.borrow() {
+            tracing::error!(
+                errors = n,
+                run,
+                "too many errors in a row: stopping this target"
+            );
+            if let Ok(mut a) = self.aborted_at.lock() {
+                *a = Some(Instant::now());
+            }
+            if let Ok(mut m) = self.messages.lock() {
+                m.push(format!("stopped after {run} consecutive errors"));
+            }
+            let _ = self.abort.send(true);
+        }
+    }
+}
+
+/// Runs one level (one target at one concurrency) and summarises it.
+pub async fn run_level(
+    client: &Client,
+    cfg: &RunConfig,
+    target: &str,
+    concurrency: usize,
+    bar: &ProgressBar,
+) -> LevelRow {
+    let start = Instant::now();
+    let window_start = start + Duration::from_secs_f64(cfg.warmup_s);
+    let end = window_start + Duration::from_secs_f64(cfg.duration_s);
+    let (abort, _) = watch::channel(false);
+    let sh = Arc::new(Shared {
+        cfg: cfg.clone(),
+        client: client.clone(),
+        concurrency,
+        system: cfg.workload.system_prompt(),
+        window_start,
+        end,
+        next_program: AtomicU64::new(0),
+        system_seen: AtomicBool::new(false),
+        samples: Mutex::new(Vec::new()),
+        errors: AtomicUsize::new(0),
+        consecutive: AtomicUsize::new(0),
+        messages: Mutex::new(Vec::new()),
+        programs_finished: AtomicUsize::new(0),
+        abort,
+        aborted_at: Mutex::new(None),
+    });
+    // Counters at the start of the window.
+    let scrape = {
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep_until(sh.window_start) => sh.client.metrics().await,
+                _ = async { let mut rx = sh.abort.subscribe(); let _ = rx.wait_for(|a| *a).await; } => None,
+            }
+        })
+    };
+    let ticker = {
+        let sh = sh.clone();
+        let bar = bar.clone();
+        let total = (cfg.warmup_s + cfg.duration_s).max(0.001);
+        bar.set_length(1000);
+        bar.set_position(0);
+        let target = target.to_string();
+        tokio::spawn(async move {
+            loop {
+                let el = start.elapsed().as_secs_f64();
+                bar.set_position(((el / total).min(1.0) * 1000.0) as u64);
+                let steps = sh.samples.lock().map(|s| s.len()).unwrap_or(0);
+                bar.set_message(format!(
+                    "{target} c={concurrency}: {steps} steps, {} errors{}",
+                    sh.errors.load(Ordering::Relaxed),
+                    if Instant::now() < sh.window_start {
+                        " (warm-up)"
+                    } else {
+                        ""
+                    }
+                ));
+                if sh.stopping() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| tokio::spawn(worker(sh.clone())))
+        .collect();
+    for w in workers {
+        if let Err(e) = w.await {
+            sh.record_error(format!("worker task failed: {e}"));
+        }
+    }
+    let _ = ticker.await;
+    let before = scrape.await.ok().flatten();
+    let after = if before.is_some() {
+        sh.client.metrics().await
+    } else {
+        None
+    };
+    let aborted_at = sh.aborted_at.lock().ok().and_then(|a| *a);
+    let window_end = aborted_at.map_or(end, |a| a.min(end));
+    let window_s = window_end
+        .saturating_duration_since(window_start)
+        .as_secs_f64();
+    let samples = sh.samples.lock().map(|s| s.clone()).unwrap_or_default();
+    let measured: Vec<Sample> = samples
+        .into_iter()
+        .filter(|s| s.finished >= window_start && s.finished <= window_end)
+        .collect();
+    let counters = match (&before, &after) {
+        (Some(b), Some(a)) => Some(Counters::between(b, a)),
+        _ => None,
+    };
+    LevelRow::summarise(
+        target,
+        concurrency,
+        window_s,
+        &measured,
+        counters.as_ref().map(Counters::as_json),
+        sh.errors.load(Ordering::Relaxed),
+        sh.programs_finished.load(Ordering::Relaxed),
+        aborted_at.is_some(),
+        sh.messages.lock().map(|m| m.clone()).unwrap_or_default(),
+    )
+}
+
+/// Server counter deltas over the window.
+struct Counters {
+    hits: Option<f64>,
+    queries: Option<f64>,
+    preemptions: Option<f64>,
+    recomputed: Option<f64>,
+    pauses: Option<f64>,
+}
+
+impl Counters {
+    fn between(b: &Metrics, a: &Metrics) -> Counters {
+        Counters {
+            hits: a.delta(b, prom::PREFIX_HITS),
+            queries: a.delta(b, prom::PREFIX_QUERIES),
+            preemptions: a.delta(b, prom::PREEMPTIONS),
+            recomputed: a.delta(b, prom::RECOMPUTED),
+            pauses: a.delta(b, prom::PAUSES),
+        }
+    }
+
+    fn as_json(&self) -> Value {
+        json!({"hits": self.hits, "queries": self.queries, "preemptions": self.preemptions,
+               "recomputed": self.recomputed, "pauses": self.pauses})
+    }
+}
+
+async fn worker(sh: Arc<Shared>) {
+    while !sh.stopping() {
+        let idx = sh.next_program.fetch_add(1, Ordering::Relaxed);
+        let plan = sh
+            .cfg
+            .workload
+            .plan(program_stream(sh.cfg.seed, sh.concurrency as u64, idx));
+        let pid = format!("{}-c{}-p{idx}", sh.cfg.run_id, sh.concurrency);
+        let ok = tokio::select! {
+            r = run_program(&sh, &pid, &plan) => Some(r),
+            _ = sh.stop_signal() => None,
+        };
+        sh.client.release(&pid).await;
+        match ok {
+            Some(true) => {
+                sh.programs_finished.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(false) => {
+                // Do not spin against a failing server.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = sh.stop_signal() => {}
+                }
+            }
+            None => break,
+        }
+    }
+}
+
+/// Runs the program's turns; false on the first failed step.
+async fn run_program(sh: &Shared, pid: &str, plan: &ProgramPlan) -> bool {
+    let block = sh.cfg.block_size;
+    let mut context: Vec<u32> = Vec::new();
+    let mut messages: Vec<Value> = Vec::new();
+    match sh.cfg.mode {
+        Mode::Tokens => context.extend_from_slice(&sh.system),
+        Mode::Chat => messages.push(json!({"role": "system", "content": text_for(&sh.system)})),
+    }
+    // Prompt tokens of the previous context an unlimited cache would keep.
+    let mut own = 0usize;
+    for turn in &plan.turns {
+        let seen = sh.system_seen.swap(true, Ordering::Relaxed);
+        let shared = if seen {
+            sh.cfg.workload.system_tokens
+        } else {
+            0
+        };
+        let started = Instant::now();
+        let reply = match sh.cfg.mode {
+            Mode::Tokens => {
+                context.extend_from_slice(&turn.appended);
+                sh.client
+                    .step(pid, Prompt::Tokens(&context), turn.output_tokens)
+                    .await
+            }
+            Mode::Chat => {
+                messages.push(json!({"role": "user", "content": text_for(&turn.appended)}));
+                sh.client
+                    .step(pid, Prompt::Chat(&messages), turn.output_tokens)
+                    .await
+            }
+        };
+        let finished = Instant::now();
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                sh.record_error(e.to_string());
+                return false;
+            }
+        };
+        let prompt_tokens = match sh.cfg.mode {
+            Mode::Tokens => context.len(),
+            Mode::Chat => reply.prompt_tokens,
+        };
+        if reply.completion_tokens != turn.output_tokens
+            || (sh.cfg.mode == Mode::Tokens
+                && (reply.token_ids.len() != turn.output_tokens
+                    || (reply.prompt_tokens != 0 && reply.prompt_tokens != prompt_tokens)))
+        {
+            sh.record_error(format!(
+                "inexact counts: asked {} tokens for a {}-token prompt, got {} ids, usage {}+{}",
+                turn.output_tokens,
+                prompt_tokens,
+                reply.token_ids.len(),
+                reply.prompt_tokens,
+                reply.completion_tokens
+            ));
+            return false;
+        }
+        sh.consecutive.store(0, Ordering::Relaxed);
+        let ideal = ideal_hit_tokens(prompt_tokens, shared, own, block);
+        if let Ok(mut s) = sh.samples.lock() {
+            s.push(Sample {
+                started,
+                finished,
+                prompt_tokens,
+                completion_tokens: reply.completion_tokens,
+                cached_tokens: reply.cached_tokens,
+                ideal_hit_tokens: ideal,
+                ttft_s: reply.ttft_s,
+            });
+        }
+        own = prompt_tokens + reply.completion_tokens.saturating_sub(1);
+        match sh.cfg.mode {
+            Mode::Tokens => context.extend_from_slice(&reply.token_ids),
+            Mode::Chat => messages.push(json!({"role": "assistant", "content": reply.text})),
+        }
+        if turn.tool_time_s > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(turn.tool_time_s)).await;
+        }
+    }
+    true
+}

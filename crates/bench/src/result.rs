@@ -1,0 +1,217 @@
+//! Per-step samples and the summary row of one level.
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// One completed model call.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub started: Instant,
+    pub finished: Instant,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: Option<usize>,
+    pub ideal_hit_tokens: usize,
+    pub ttft_s: Option<f64>,
+}
+
+/// One (target, concurrency) result: the JSON row.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LevelRow {
+    pub target: String,
+    pub concurrency: usize,
+    pub steps_per_min: f64,
+    /// From `/metrics` deltas over the window when the server exposes
+    /// them, else from `usage.prompt_tokens_details.cached_tokens`.
+    pub prefix_hit_rate: f64,
+    /// The fraction of prompt tokens an unlimited cache would hit.
+    pub ideal_hit_rate: f64,
+    pub p50_step_s: f64,
+    pub p90_step_s: f64,
+    pub p99_step_s: f64,
+    pub output_tok_s: f64,
+    pub preemptions: Option<f64>,
+    pub errors: usize,
+    /// Where `prefix_hit_rate` came from: "metrics" or "usage".
+    pub hit_rate_source: &'static str,
+    pub metrics_hit_rate: Option<f64>,
+    pub usage_hit_rate: Option<f64>,
+    pub ttft_p50_s: Option<f64>,
+    pub ttft_p99_s: Option<f64>,
+    pub steps: usize,
+    pub window_s: f64,
+    pub prompt_tokens: usize,
+    pub programs_finished: usize,
+    /// agentd only: prompt tokens prefilled again, program pauses.
+    pub recomputed_tokens: Option<f64>,
+    pub pauses: Option<f64>,
+    /// The level was stopped by errors (or the target was unreachable).
+    pub aborted: bool,
+    pub error_messages: Vec<String>,
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ratio(num: f64, den: f64) -> Option<f64> {
+    (den > 0.0).then(|| num / den)
+}
+
+impl LevelRow {
+    /// A row for a level that could not run at all.
+    pub fn failed(target: &str, concurrency: usize, message: String) -> LevelRow {
+        LevelRow::summarise(
+            target,
+            concurrency,
+            0.0,
+            &[],
+            None,
+            1,
+            0,
+            true,
+            vec![message],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn summarise(
+        target: &str,
+        concurrency: usize,
+        window_s: f64,
+        samples: &[Sample],
+        counters: Option<Value>,
+        errors: usize,
+        programs_finished: usize,
+        aborted: bool,
+        error_messages: Vec<String>,
+    ) -> LevelRow {
+        let steps = samples.len();
+        let mut lat: Vec<f64> = samples
+            .iter()
+            .map(|s| (s.finished - s.started).as_secs_f64())
+            .collect();
+        lat.sort_by(f64::total_cmp);
+        let mut ttft: Vec<f64> = samples.iter().filter_map(|s| s.ttft_s).collect();
+        ttft.sort_by(f64::total_cmp);
+        let prompt: usize = samples.iter().map(|s| s.prompt_tokens).sum();
+        let output: usize = samples.iter().map(|s| s.completion_tokens).sum();
+        let ideal: usize = samples.iter().map(|s| s.ideal_hit_tokens).sum();
+        let usage_hit_rate = if samples.iter().all(|s| s.cached_tokens.is_some()) {
+            let cached: usize = samples.iter().filter_map(|s| s.cached_tokens).sum();
+            ratio(cached as f64, prompt as f64)
+        } else {
+            None
+        };
+        let get = |k: &str| counters.as_ref().and_then(|c| c[k].as_f64());
+        let metrics_hit_rate = match (get("hits"), get("queries")) {
+            (Some(h), Some(q)) => ratio(h, q),
+            _ => None,
+        };
+        let (prefix_hit_rate, hit_rate_source) = match (metrics_hit_rate, usage_hit_rate) {
+            (Some(m), _) => (m, "metrics"),
+            (None, Some(u)) => (u, "usage"),
+            (None, None) => (0.0, "none"),
+        };
+        let per_s = |n: f64| ratio(n, window_s).unwrap_or(0.0);
+        LevelRow {
+            target: target.to_string(),
+            concurrency,
+            steps_per_min: per_s(steps as f64) * 60.0,
+            prefix_hit_rate,
+            ideal_hit_rate: ratio(ideal as f64, prompt as f64).unwrap_or(0.0),
+            p50_step_s: percentile(&lat, 0.50),
+            p90_step_s: percentile(&lat, 0.90),
+            p99_step_s: percentile(&lat, 0.99),
+            output_tok_s: per_s(output as f64),
+            preemptions: get("preemptions"),
+            errors,
+            hit_rate_source,
+            metrics_hit_rate,
+            usage_hit_rate,
+            ttft_p50_s: (!ttft.is_empty()).then(|| percentile(&ttft, 0.50)),
+            ttft_p99_s: (!ttft.is_empty()).then(|| percentile(&ttft, 0.99)),
+            steps,
+            window_s,
+            prompt_tokens: prompt,
+            programs_finished,
+            recomputed_tokens: get("recomputed"),
+            pauses: get("pauses"),
+            aborted,
+            error_messages,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn sample(t0: Instant, lat_ms: u64, prompt: usize, cached: usize, ideal: usize) -> Sample {
+        Sample {
+            started: t0,
+            finished: t0 + Duration::from_millis(lat_ms),
+            prompt_tokens: prompt,
+            completion_tokens: 10,
+            cached_tokens: Some(cached),
+            ideal_hit_tokens: ideal,
+            ttft_s: Some(lat_ms as f64 / 2000.0),
+        }
+    }
+
+    #[test]
+    fn percentiles_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&v, 1.0), 100.0);
+        assert_eq!(percentile(&[3.0], 0.01), 3.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn summary_rates() {
+        let t0 = Instant::now();
+        let s = vec![sample(t0, 100, 100, 50, 90), sample(t0, 300, 300, 150, 270)];
+        let r = LevelRow::summarise("a", 2, 30.0, &s, None, 0, 1, false, vec![]);
+        assert_eq!(r.steps, 2);
+        assert!((r.steps_per_min - 4.0).abs() < 1e-9);
+        assert!((r.output_tok_s - 20.0 / 30.0).abs() < 1e-9);
+        assert_eq!(r.hit_rate_source, "usage");
+        assert!((r.prefix_hit_rate - 0.5).abs() < 1e-9);
+        assert!((r.ideal_hit_rate - 0.9).abs() < 1e-9);
+        assert!((r.p50_step_s - 0.1).abs() < 1e-6);
+        assert!((r.p99_step_s - 0.3).abs() < 1e-6);
+        // Metrics take precedence when the server has them.
+        let c = json!({"hits": 30.0, "queries": 40.0, "preemptions": 2.0});
+        let r = LevelRow::summarise("a", 2, 30.0, &s, Some(c), 0, 1, false, vec![]);
+        assert_eq!(r.hit_rate_source, "metrics");
+        assert!((r.prefix_hit_rate - 0.75).abs() < 1e-9);
+        assert_eq!(r.preemptions, Some(2.0));
+        let v = serde_json::to_value(&r).unwrap();
+        for k in [
+            "target",
+            "concurrency",
+            "steps_per_min",
+            "prefix_hit_rate",
+            "ideal_hit_rate",
+            "p50_step_s",
+            "p99_step_s",
+            "output_tok_s",
+            "preemptions",
+            "errors",
+        ] {
+            assert!(v.get(k).is_some(), "{k}");
+        }
+        let f = LevelRow::failed("b", 4, "down".into());
+        assert!(f.aborted && f.errors == 1 && f.steps_per_min == 0.0);
+    }
+}

@@ -1,0 +1,246 @@
+//! `agentd bench`: the agentic workload driver (crate `agentd-bench`)
+//! against one or more OpenAI-compatible targets; prints a table with each
+//! target's ratio to the first, writes JSON, an SVG plot and markdown.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentd_bench::{
+    report, run_sweep, BenchWorkload, CountArg, LevelRow, Mode, RunConfig, SweepConfig, Target,
+    ToolTime,
+};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// NAME=URL of an OpenAI-compatible server; repeat for several (run one
+    /// after another; the first is the baseline of the ratios).
+    #[arg(long = "target", required = true)]
+    targets: Vec<Target>,
+    /// Workload preset (as in `agentd simulate`): swe or toolorch.
+    #[arg(long, default_value = "swe")]
+    workload: BenchWorkload,
+    /// Concurrent programs, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [4usize, 8, 16, 32, 48])]
+    concurrency: Vec<usize>,
+    /// Measured seconds per level.
+    #[arg(long, default_value_t = 60.0)]
+    duration_s: f64,
+    /// Seconds at the start of each level excluded from the rates (default:
+    /// 20% of --duration-s).
+    #[arg(long)]
+    warmup_s: Option<f64>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// tokens: /v1/completions with token-id prompts (exact counts); chat:
+    /// /v1/chat/completions with one word per token (approximate counts).
+    #[arg(long, default_value = "tokens")]
+    mode: Mode,
+    /// Send whole requests instead of streaming (no TTFT).
+    #[arg(long)]
+    no_stream: bool,
+    /// Shared system prompt tokens (preset: swe 2048, toolorch 1536).
+    #[arg(long)]
+    system_tokens: Option<usize>,
+    /// Task tokens of the first turn: N (scale the preset), =N or LO:HI.
+    #[arg(long)]
+    task_tokens: Option<CountArg>,
+    /// Turns (model calls) per program: N (scale), =N or LO:HI.
+    #[arg(long)]
+    turns: Option<CountArg>,
+    /// Tool-output tokens per turn: N (median of the preset's shape), =N or LO:HI.
+    #[arg(long)]
+    tool_tokens: Option<CountArg>,
+    /// Output tokens per turn: N (scale), =N or LO:HI.
+    #[arg(long)]
+    output_tokens: Option<CountArg>,
+    /// Tool time: fixed:S, exp:MEAN or lognormal:MEDIAN:SIGMA.
+    #[arg(long)]
+    tool_time: Option<ToolTime>,
+    /// A program ends before a turn that would exceed this context.
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Granularity of the client's ideal cache: 1 (default) counts every
+    /// reusable token; 16 floors to full blocks as vLLM's hashing does.
+    #[arg(long, default_value_t = 1)]
+    block_size: usize,
+    /// Deadline of each request, seconds.
+    #[arg(long, default_value_t = 300.0)]
+    request_timeout_s: f64,
+    /// Stop a target after this many errors in a row (default: max(4, concurrency)).
+    #[arg(long)]
+    max_consecutive_errors: Option<usize>,
+    /// Exit non-zero when more errors than this occurred in total.
+    #[arg(long, default_value_t = 0)]
+    max_errors: usize,
+    /// The `model` field (default: the first id in the target's /v1/models).
+    #[arg(long)]
+    model: Option<String>,
+    /// Seconds to wait between levels.
+    #[arg(long, default_value_t = 2.0)]
+    settle_s: f64,
+    /// Write {"rows": [...], ...} here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an SVG plot (steps/min and hit rate against concurrency) here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write the table as markdown here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+impl BenchArgs {
+    fn workload(&self) -> BenchWorkload {
+        let mut w = self.workload.clone();
+        if let Some(n) = self.system_tokens {
+            w.system_tokens = n;
+        }
+        if let Some(c) = self.task_tokens {
+            w.task_tokens = c.apply(w.task_tokens);
+        }
+        if let Some(c) = self.turns {
+            w.turns = c.apply(w.turns);
+        }
+        if let Some(c) = self.tool_tokens {
+            w.tool_tokens = c.apply(w.tool_tokens);
+        }
+        if let Some(c) = self.output_tokens {
+            w.output_tokens = c.apply(w.output_tokens);
+        }
+        if let Some(t) = self.tool_time {
+            w.tool_time = t;
+        }
+        if let Some(m) = self.max_context {
+            w.max_context = m;
+        }
+        w
+    }
+}
+
+fn load_avg() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        bail!("--concurrency needs levels >= 1");
+    }
+    if !(args.duration_s > 0.0 && args.request_timeout_s > 0.0) {
+        bail!("--duration-s and --request-timeout-s must be > 0");
+    }
+    let workload = args.workload();
+    let warmup_s = args.warmup_s.unwrap_or(args.duration_s * 0.2);
+    let run_id = format!(
+        "bench-{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+    );
+    let cfg = SweepConfig {
+        run: RunConfig {
+            workload: workload.clone(),
+            mode: args.mode,
+            duration_s: args.duration_s,
+            warmup_s,
+            seed: args.seed,
+            block_size: args.block_size,
+            max_consecutive_errors: args.max_consecutive_errors,
+            run_id,
+        },
+        concurrency: args.concurrency.clone(),
+        request_timeout: Duration::from_secs_f64(args.request_timeout_s),
+        stream: !args.no_stream,
+        model: args.model.clone(),
+        settle: Duration::from_secs_f64(args.settle_s.max(0.0)),
+        progress: !args.no_progress,
+    };
+    let description = format!(
+        "{} workload: system {} tokens, task {}, turns {}, tool {} tokens, output {} tokens, tool time {}",
+        workload.name,
+        workload.system_tokens,
+        workload.task_tokens,
+        workload.turns,
+        workload.tool_tokens,
+        workload.output_tokens,
+        workload.tool_time
+    );
+    eprintln!("agentd bench: {description}");
+    let load_start = load_avg();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let rows: Vec<LevelRow> = runtime.block_on(run_sweep(&args.targets, &cfg));
+    let load_end = load_avg();
+    println!("{description}");
+    print!("{}", report::table(&rows).render());
+    if args.targets.len() > 1 {
+        println!("steps/min ratios between targets:");
+        print!("{}", report::pair_ratios(&rows).render());
+    }
+    if let (Some(a), Some(b)) = (&load_start, &load_end) {
+        println!("load average (1/5/15 min): start {a}, end {b}");
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "rows": rows,
+            "workload": description,
+            "config": {
+                "targets": args.targets.iter().map(|t| json!({"name": t.name, "url": t.url})).collect::<Vec<_>>(),
+                "concurrency": args.concurrency,
+                "duration_s": args.duration_s,
+                "warmup_s": warmup_s,
+                "seed": args.seed,
+                "mode": format!("{:?}", args.mode).to_lowercase(),
+                "stream": !args.no_stream,
+                "block_size": args.block_size,
+            },
+            "load_avg": {"start": load_start, "end": load_end},
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        let title = format!("agentd bench: {}", workload.name);
+        std::fs::write(path, report::plot(&rows, &title).to_svg())
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, report::markdown(&rows))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    let errors: usize = rows.iter().map(|r| r.errors).sum();
+    let stopped: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.aborted)
+        .map(|r| r.target.as_str())
+        .collect();
+    for r in rows.iter().filter(|r| !r.error_messages.is_empty()) {
+        for m in &r.error_messages {
+            eprintln!("error: {} c={}: {m}", r.target, r.concurrency);
+        }
+    }
+    if !stopped.is_empty() {
+        bail!("targets stopped by errors: {}", stopped.join(", "));
+    }
+    if errors > args.max_errors {
+        bail!(
+            "{errors} request errors (more than --max-errors {})",
+            args.max_errors
+        );
+    }
+    Ok(())
+}

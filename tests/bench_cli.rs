@@ -1,0 +1,253 @@
+//! `agentd bench` end to end against a real `agentd serve` (the embedded
+//! tiny model, a tiny KV pool): JSON rows, plot and table; and against a
+//! server that is not there or dies mid-run: errors reported, non-zero
+//! exit, no hang.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Kills the child when the test ends, pass or fail.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).expect("tmp dir");
+    d
+}
+
+/// `agentd serve` on a free port with the embedded tiny model; its address.
+fn serve(blocks: &str) -> (Proc, String) {
+    let child = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["serve", "--port", "0", "--num-kv-blocks", blocks])
+        .env("XDG_CACHE_HOME", tmp("bench-cli-cache"))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn agentd serve");
+    let mut p = Proc(child);
+    let stderr = p.0.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("listening on http://") {
+                let addr = line[i + "listening on http://".len()..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the server logs its address");
+    (p, addr)
+}
+
+/// A small, fast workload; `extra` adds flags.
+fn bench_cmd(url: &str, out: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agentd"));
+    c.args(["bench", "--target", &format!("agentd={url}")])
+        .args([
+            "--workload",
+            "swe",
+            "--system-tokens",
+            "64",
+            "--task-tokens",
+            "=16",
+        ])
+        .args([
+            "--turns",
+            "=3",
+            "--tool-tokens",
+            "=24",
+            "--output-tokens",
+            "=4",
+        ])
+        .args(["--tool-time", "fixed:0.05", "--seed", "3", "--no-progress"])
+        .args(["--request-timeout-s", "20", "--settle-s", "0.2"])
+        .arg("--json")
+        .arg(out.join("out.json"))
+        .arg("--plot")
+        .arg(out.join("out.svg"))
+        .args(extra)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn rows(out: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(out.join("out.json")).expect("json written");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    v["rows"].as_array().expect("rows").clone()
+}
+
+fn output_within(mut c: Command, limit: Duration) -> (Output, Duration) {
+    let t = Instant::now();
+    let child = c.spawn().expect("spawn agentd bench");
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => (out.expect("bench output"), t.elapsed()),
+        Err(_) => {
+            // Do not leave it running; the test fails on the hang.
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+            panic!("agentd bench did not finish within {limit:?}");
+        }
+    }
+}
+
+#[test]
+fn bench_against_agentd_serve_writes_rows_plot_and_table() {
+    let (_server, addr) = serve("128");
+    let out = tmp("bench-e2e");
+    let cmd = bench_cmd(
+        &format!("http://{addr}"),
+        &out,
+        &[
+            "--concurrency",
+            "1,3",
+            "--duration-s",
+            "2",
+            "--warmup-s",
+            "0.5",
+        ],
+    );
+    let (o, _) = output_within(cmd, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("steps/min") && stdout.contains("x agentd"),
+        "{stdout}"
+    );
+    let got = rows(&out);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (r, c) in got.iter().zip([1, 3]) {
+        assert_eq!(r["target"], "agentd");
+        assert_eq!(r["concurrency"], c);
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["steps_per_min"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["output_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["hit_rate_source"], "metrics");
+        let hit = r["prefix_hit_rate"].as_f64().unwrap();
+        let ideal = r["ideal_hit_rate"].as_f64().unwrap();
+        // 3 turns of 64+16, +28, +28 tokens: most of each later prompt is reusable.
+        assert!(ideal > 0.4 && ideal < 1.0, "{r}");
+        // The program scheduler keeps every context: it hits what an
+        // unlimited cache would (usage agrees with the metrics).
+        assert!(hit >= 0.95 * ideal, "{r}");
+        assert!(r["usage_hit_rate"].as_f64().unwrap() >= 0.95 * ideal, "{r}");
+        let p50 = r["p50_step_s"].as_f64().unwrap();
+        let p99 = r["p99_step_s"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p99 >= p50, "{r}");
+        assert!(r["ttft_p50_s"].as_f64().unwrap() <= p99, "{r}");
+        assert_eq!(r["preemptions"], 0.0);
+    }
+    let svg = std::fs::read_to_string(out.join("out.svg")).expect("svg");
+    assert!(svg.starts_with("<svg") && svg.contains("agentd"));
+
+    // Chat mode, whole responses: the same server through the chat template.
+    let chat = tmp("bench-e2e-chat");
+    let cmd = bench_cmd(
+        &format!("http://{addr}"),
+        &chat,
+        &[
+            "--mode",
+            "chat",
+            "--no-stream",
+            "--concurrency",
+            "2",
+            "--duration-s",
+            "1.5",
+        ],
+    );
+    let (o, _) = output_within(cmd, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = &rows(&chat)[0];
+    assert_eq!(r["errors"], 0, "{r}");
+    assert!(r["steps"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["ttft_p50_s"].is_null(), "no TTFT without streaming: {r}");
+    // Later turns extend the earlier ones' prompts through the template.
+    assert!(r["prefix_hit_rate"].as_f64().unwrap() > 0.3, "{r}");
+}
+
+#[test]
+fn bench_against_nothing_listening_fails_fast() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let out = tmp("bench-nothing");
+    let cmd = bench_cmd(
+        &format!("http://127.0.0.1:{port}"),
+        &out,
+        &["--concurrency", "2", "--duration-s", "5"],
+    );
+    let (o, took) = output_within(cmd, Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    assert!(stderr.contains("connect"), "{stderr}");
+    let rows = rows(&out);
+    assert_eq!(rows[0]["errors"], 1);
+    assert_eq!(rows[0]["aborted"], true);
+}
+
+#[test]
+fn bench_against_a_server_killed_mid_run_reports_errors() {
+    let (mut server, addr) = serve("128");
+    let out = tmp("bench-killed");
+    let cmd = bench_cmd(
+        &format!("http://{addr}"),
+        &out,
+        &[
+            "--concurrency",
+            "2,4",
+            "--duration-s",
+            "20",
+            "--warmup-s",
+            "0.5",
+        ],
+    );
+    let t = Instant::now();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+    });
+    let (o, _) = output_within(cmd, Duration::from_secs(60));
+    killer.join().expect("killer");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    // It noticed within seconds, not at the end of the 20 s level.
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    assert!(stderr.contains("stopped by errors"), "{stderr}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 1, "the second level is skipped: {rows:?}");
+    assert!(rows[0]["errors"].as_u64().unwrap() >= 1);
+    assert_eq!(rows[0]["aborted"], true);
+    assert!(
+        rows[0]["steps"].as_u64().unwrap() > 0,
+        "it ran before the kill"
+    );
+}
