@@ -149,19 +149,7 @@ impl GpuQwen3 {
             Some(half(host("lm_head.weight", &[vocab, hid])?)?)
         };
         let norm = gpu.upload(&host("model.norm.weight", &[hid])?)?;
-        let cos_sin = gpu.upload(&rope_table(&inv_freq(&cfg), cfg.max_position_embeddings))?;
-        Ok(GpuQwen3 {
-            gpu,
-            cfg,
-            dtype,
-            embed,
-            lm_head,
-            norm,
-            layers,
-            cos_sin,
-            workspace: Default::default(),
-            pinned: Default::default(),
-        })
+        Self::assemble(gpu, cfg, dtype, embed, lm_head, norm, layers)
     }
 
     /// A model of `cfg`'s shape with deterministic random weights made on the
@@ -203,6 +191,19 @@ impl GpuQwen3 {
             Some(rand(vocab, hid)?)
         };
         let norm = ones(hid)?;
+        Self::assemble(gpu, cfg, dtype, embed, lm_head, norm, layers)
+    }
+
+    /// The model from its uploaded weights; adds the RoPE table.
+    fn assemble(
+        gpu: Arc<Gpu>,
+        cfg: Qwen3Config,
+        dtype: Dtype,
+        embed: Buf<u16>,
+        lm_head: Option<Buf<u16>>,
+        norm: Buf<f32>,
+        layers: Vec<Layer>,
+    ) -> Result<Self> {
         let cos_sin = gpu.upload(&rope_table(&inv_freq(&cfg), cfg.max_position_embeddings))?;
         Ok(GpuQwen3 {
             gpu,

@@ -7,11 +7,12 @@
 
 use agentd_engine::GenerateRequest;
 use bytes::Bytes;
+use futures_util::future::try_join_all;
 use futures_util::stream::{self, BoxStream, StreamExt};
 
 use crate::app::SharedState;
 use crate::error::ApiError;
-use crate::generation::Generation;
+use crate::generation::{collect, Collected, Generation};
 use crate::program_id::ProgramRef;
 use crate::protocol::UsageInfo;
 use crate::sampling::Sampling;
@@ -85,6 +86,18 @@ pub fn submit(
         }
     }
     Ok(out)
+}
+
+/// Runs every choice to the end, concurrently. Each result carries its
+/// `index` and whether it is the first choice of its prompt (for
+/// [`merge_usage`]). The first error ends them all (the others are dropped,
+/// which cancels them).
+pub async fn collect_all(choices: Vec<Choice>) -> Result<Vec<(usize, bool, Collected)>, ApiError> {
+    try_join_all(choices.into_iter().map(|c| async move {
+        let first = c.first_of_prompt;
+        collect(c.gen).await.map(|d| (c.index, first, d))
+    }))
+    .await
 }
 
 /// Usage of a multi-choice response: prompt tokens and cache hits once per

@@ -9,14 +9,13 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::future::try_join_all;
 use futures_util::stream::{self, StreamExt};
 use serde_json::Value as Json_;
 
 use crate::app::{parse_json, SharedState};
 use crate::choices::{self, Choice, ChoiceStep};
 use crate::error::ApiError;
-use crate::generation::{collect, Generation, Step};
+use crate::generation::{Generation, Step};
 use crate::protocol::{
     unix_now, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
     ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob,
@@ -99,11 +98,7 @@ pub async fn handle(
             top.is_some(),
         ));
     }
-    let done = try_join_all(choices.into_iter().map(|c| async move {
-        let first = c.first_of_prompt;
-        collect(c.gen).await.map(|d| (c.index, first, d))
-    }))
-    .await?;
+    let done = choices::collect_all(choices).await?;
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {

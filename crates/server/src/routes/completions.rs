@@ -5,13 +5,12 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::future::try_join_all;
 use futures_util::stream::{self, BoxStream, StreamExt};
 
 use crate::app::{parse_json, SharedState};
 use crate::choices::{self, ChoiceStep};
 use crate::error::ApiError;
-use crate::generation::{collect, Generation, Piece, Step};
+use crate::generation::{Generation, Piece, Step};
 use crate::protocol::{
     unix_now, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
     PromptSpec, UsageInfo,
@@ -134,11 +133,7 @@ pub async fn handle(
             include_usage,
         )));
     }
-    let done = try_join_all(choices.into_iter().map(|c| async move {
-        let first = c.first_of_prompt;
-        collect(c.gen).await.map(|d| (c.index, first, d))
-    }))
-    .await?;
+    let done = choices::collect_all(choices).await?;
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {
