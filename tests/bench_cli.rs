@@ -3,23 +3,16 @@
 //! server that is not there or dies mid-run: errors reported, non-zero
 //! exit, no hang.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{spawn_serve, Proc};
+
 use serde_json::Value;
-
-/// Kills the child when the test ends, pass or fail.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn tmp(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
@@ -29,33 +22,7 @@ fn tmp(name: &str) -> PathBuf {
 
 /// `agentd serve` on a free port with the embedded tiny model; its address.
 fn serve(blocks: &str) -> (Proc, String) {
-    let child = Command::new(env!("CARGO_BIN_EXE_agentd"))
-        .args(["serve", "--port", "0", "--num-kv-blocks", blocks])
-        .env("XDG_CACHE_HOME", tmp("bench-cli-cache"))
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn agentd serve");
-    let mut p = Proc(child);
-    let stderr = p.0.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("listening on http://") {
-                let addr = line[i + "listening on http://".len()..]
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server logs its address");
+    let (p, addr, _logs) = spawn_serve("bench-cli-cache", ["--num-kv-blocks", blocks]);
     (p, addr)
 }
 

@@ -2,45 +2,19 @@
 //! on a request and on `/programs/{id}/resources` are reclaimed on `final`
 //! and, with `--reclaim-on-exit`, when the server gets SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod common;
+
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use common::spawn_serve;
 use serde_json::{json, Value};
 
-/// Kills the server when the test ends, pass or fail.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// `(status, JSON body)` of one exchange.
 fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
-    let body = body.map(Value::to_string).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, rest) = raw.split_once("\r\n\r\n").expect("header end");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status");
-    (status, serde_json::from_str(rest).unwrap_or(Value::Null))
+    let (status, text) = common::http(addr, method, path, body);
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
 /// Waits for `child` (ours to reap) to exit; returns its terminating signal.
@@ -57,50 +31,22 @@ fn exit_signal(child: &mut Child, within: Duration) -> Option<i32> {
 
 #[test]
 fn serve_reclaims_tool_resources_on_final_and_on_exit() {
-    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-cli-cache");
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().canonicalize().expect("canonical");
-    let child = Command::new(env!("CARGO_BIN_EXE_agentd"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--num-kv-blocks",
-            "256",
-            "--reclaim-on-exit",
-        ])
-        .arg("--sandbox-root")
-        .arg(&root)
-        .arg("--docker-socket")
-        .arg(root.join("no-docker.sock"))
-        .args(["--kill-grace-ms", "300", "--reclaim-backoff-ms", "10"])
-        .env("XDG_CACHE_HOME", &cache)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn agentd serve");
-    let mut server = Server(child);
-    let stderr = server.0.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    let (log_tx, log_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("listening on http://") {
-                let addr = line[i + "listening on http://".len()..]
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                let _ = tx.send(addr);
-            }
-            let _ = log_tx.send(line);
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server logs its address");
+    let args: Vec<std::ffi::OsString> = vec![
+        "--num-kv-blocks".into(),
+        "256".into(),
+        "--reclaim-on-exit".into(),
+        "--sandbox-root".into(),
+        root.clone().into(),
+        "--docker-socket".into(),
+        root.join("no-docker.sock").into(),
+        "--kill-grace-ms".into(),
+        "300".into(),
+        "--reclaim-backoff-ms".into(),
+        "10".into(),
+    ];
+    let (mut server, addr, log_rx) = spawn_serve("serve-cli-cache", args);
 
     // A `final` request's resources go when it finishes.
     std::fs::create_dir_all(root.join("task-1/repo")).expect("mkdir");
@@ -146,17 +92,7 @@ fn serve_reclaims_tool_resources_on_final_and_on_exit() {
         Some(&json!({"dirs": ["/etc"]})),
     );
     assert_eq!(status, 400, "{body}");
-    let (_, metrics) = {
-        let mut s = TcpStream::connect(&addr).expect("connect");
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("read");
-        ((), raw)
-    };
+    let (_, metrics) = common::http(&addr, "GET", "/metrics", None);
     assert!(
         metrics
             .contains("agentd:tool_resources_reclaimed_total{model_name=\"agentd-tiny-qwen3\"} 2"),

@@ -1,0 +1,87 @@
+//! Helpers shared by the tests of the `agentd` binary: spawn `agentd serve`
+//! on a free port and learn its address from its log, and a minimal HTTP/1.1
+//! client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Kills the child when the test ends, pass or fail.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `agentd serve --port 0 <args>` with its model cache under the test's temp
+/// dir (`cache`); returns the process, the address it logged, and its log
+/// lines as they come.
+pub fn spawn_serve<I, S>(cache: &str, args: I) -> (Proc, String, mpsc::Receiver<String>)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(cache);
+    let child = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .env("XDG_CACHE_HOME", &cache)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn agentd serve");
+    let mut p = Proc(child);
+    let stderr = p.0.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    let (log_tx, log_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("listening on http://") {
+                let addr = line[i + "listening on http://".len()..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let _ = tx.send(addr);
+            }
+            let _ = log_tx.send(line);
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the server logs its address");
+    (p, addr, log_rx)
+}
+
+/// `Connection: close` HTTP/1.1 exchange; returns (status, body).
+pub fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, rest) = raw.split_once("\r\n\r\n").expect("header end");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    (status, rest.to_string())
+}
