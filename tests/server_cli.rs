@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::{http, spawn_serve};
 use serde_json::{json, Value};
 
@@ -48,6 +46,8 @@ fn serve_default_model_end_to_end() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn serve_device_cuda_needs_a_cuda_build() {
+    use std::process::Command;
+
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-cli-cache");
     let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
         .args(["serve", "--device", "cuda", "--port", "0"])
