@@ -8,15 +8,16 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agentd_engine::EngineConfig;
 use agentd_scheduler::SchedulerConfig;
 use agentd_tools::{DockerConfig, ReclaimConfig, ToolsConfig};
-use common::{get, metric, post, request, start_tools, test_config, Server};
+use common::{
+    assert_terminated, get, metric, post, request, start_tools, test_config, tool_process, Server,
+};
 use serde_json::{json, Value};
 
 struct Sandbox {
@@ -59,39 +60,6 @@ fn work_dir(sb: &Sandbox, name: &str) -> String {
     std::fs::create_dir_all(d.join("repo/.git")).expect("mkdir");
     std::fs::write(d.join("repo/main.py"), "print('hi')\n").expect("write");
     d.display().to_string()
-}
-
-/// A tool process leading its own group.
-fn tool_process() -> Child {
-    Command::new("sleep")
-        .arg("300")
-        .process_group(0)
-        .spawn()
-        .expect("spawn sleep")
-}
-
-/// Waits for `child` to exit (we are its parent: reaping it is our job) and
-/// checks it was killed by SIGTERM, then that its pid is gone.
-fn assert_terminated(mut child: Child) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process {} still alive",
-            child.id()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
-    let r = unsafe { libc::kill(child.id() as i32, 0) };
-    assert_eq!(r, -1);
-    assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::ESRCH)
-    );
 }
 
 fn chat(addr: SocketAddr, extra: Value) -> common::Resp {

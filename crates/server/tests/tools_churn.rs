@@ -5,39 +5,13 @@
 
 mod common;
 
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use agentd_tools::{DockerConfig, ReclaimConfig, ToolsConfig};
-use common::{get, metric, post, start_tools, test_config};
+use common::{assert_terminated, get, metric, post, start_tools, test_config, tool_process};
 use serde_json::{json, Value};
-
-fn tool_process() -> Child {
-    Command::new("sleep")
-        .arg("300")
-        .process_group(0)
-        .spawn()
-        .expect("spawn sleep")
-}
-
-/// Reaps `child` (we are its parent) and checks SIGTERM ended it.
-fn assert_terminated(mut child: Child) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process {} still alive",
-            child.id()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
-}
 
 fn completion(addr: std::net::SocketAddr, extra: Value) -> common::Resp {
     let mut body =

@@ -52,14 +52,14 @@ pub fn start_with(api_key: Option<&str>, cfg: EngineConfig) -> SocketAddr {
     start_dir(model_dir(), MODEL, api_key, cfg)
 }
 
-/// Starts a server for the model in `dir`, served as `name`.
-pub fn start_dir(dir: &Path, name: &str, api_key: Option<&str>, cfg: EngineConfig) -> SocketAddr {
-    let engine = Engine::start(dir, cfg).expect("engine");
-    let state = Arc::new(
-        AppState::new(engine, dir, name.to_string(), api_key.map(str::to_string)).expect("state"),
-    );
+/// Serves `state` on a free port from a thread of its own (a two-thread
+/// runtime) until `stop` completes; returns the address and the thread.
+fn spawn_server(
+    state: Arc<AppState>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<()>) {
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -71,12 +71,22 @@ pub fn start_dir(dir: &Path, name: &str, api_key: Option<&str>, cfg: EngineConfi
                 .expect("bind");
             tx.send(listener.local_addr().expect("addr"))
                 .expect("send addr");
-            agentd_server::serve(listener, state, std::future::pending())
+            agentd_server::serve(listener, state, stop)
                 .await
                 .expect("serve");
         });
     });
-    rx.recv_timeout(Duration::from_secs(60)).expect("server up")
+    let addr = rx.recv_timeout(Duration::from_secs(60)).expect("server up");
+    (addr, thread)
+}
+
+/// Starts a server for the model in `dir`, served as `name`.
+pub fn start_dir(dir: &Path, name: &str, api_key: Option<&str>, cfg: EngineConfig) -> SocketAddr {
+    let engine = Engine::start(dir, cfg).expect("engine");
+    let state = Arc::new(
+        AppState::new(engine, dir, name.to_string(), api_key.map(str::to_string)).expect("state"),
+    );
+    spawn_server(state, std::future::pending()).0
 }
 
 /// A server with its tool side configured, and a way to stop it.
@@ -116,29 +126,11 @@ pub fn start_tools(
         )
         .expect("state"),
     );
-    let (tx, rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("send addr");
-            let stop = async move {
-                let _ = stop_rx.await;
-            };
-            agentd_server::serve(listener, state, stop)
-                .await
-                .expect("serve");
-        });
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).expect("server up");
+    let stop = async move {
+        let _ = stop_rx.await;
+    };
+    let (addr, thread) = spawn_server(state, stop);
     Server {
         addr,
         stop: Some(stop_tx),
@@ -295,4 +287,40 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+}
+
+/// A tool process leading its own group.
+pub fn tool_process() -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new("sleep")
+        .arg("300")
+        .process_group(0)
+        .spawn()
+        .expect("spawn sleep")
+}
+
+/// Waits for `child` to exit (we are its parent: reaping it is our job) and
+/// checks it was killed by SIGTERM, then that its pid is gone.
+pub fn assert_terminated(mut child: std::process::Child) {
+    use std::os::unix::process::ExitStatusExt;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {} still alive",
+            child.id()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    // SAFETY: signal 0 only asks whether the pid exists.
+    let r = unsafe { libc::kill(child.id() as i32, 0) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ESRCH)
+    );
 }
