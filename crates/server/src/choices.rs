@@ -14,7 +14,7 @@ use crate::app::SharedState;
 use crate::error::ApiError;
 use crate::generation::{collect, Collected, Generation};
 use crate::program_id::ProgramRef;
-use crate::protocol::UsageInfo;
+use crate::protocol::{unix_now, UsageInfo};
 use crate::sampling::Sampling;
 use crate::sse;
 
@@ -35,6 +35,26 @@ pub fn count(n: Option<u64>, prompts: usize) -> Result<usize, ApiError> {
         ));
     }
     Ok(n as usize)
+}
+
+/// What every chunk and response of one request repeats: its id, creation
+/// time and model name.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    /// A fresh id with `prefix` (`cmpl`, `chatcmpl`), stamped now.
+    pub fn new(state: &SharedState, prefix: &str) -> Self {
+        ResponseMeta {
+            id: state.request_id(prefix),
+            created: unix_now(),
+            model: state.model_name.clone(),
+        }
+    }
 }
 
 /// One choice being generated.

@@ -13,13 +13,12 @@ use futures_util::stream::{self, StreamExt};
 use serde_json::Value as Json_;
 
 use crate::app::{parse_json, SharedState};
-use crate::choices::{self, Choice, ChoiceStep};
+use crate::choices::{self, Choice, ChoiceStep, ResponseMeta};
 use crate::error::ApiError;
 use crate::generation::{Generation, Step};
 use crate::protocol::{
-    unix_now, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-    ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob,
-    UsageInfo,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob, UsageInfo,
 };
 use crate::{program_id, sampling, sse};
 
@@ -79,11 +78,7 @@ pub async fn handle(
         "chat completion"
     );
     let choices = choices::submit(&state, &program, vec![(prompt, sampling)], n, top.is_some())?;
-    let meta = Meta {
-        id: state.request_id("chatcmpl"),
-        created: unix_now(),
-        model: state.model_name.clone(),
-    };
+    let meta = ResponseMeta::new(&state, "chatcmpl");
     if req.common.stream {
         let include_usage = req
             .common
@@ -139,24 +134,16 @@ fn finish_reason(reason: &'static str, called_tools: bool) -> &'static str {
     }
 }
 
-#[derive(Clone)]
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl Meta {
-    fn usage_chunk(&self, usage: UsageInfo) -> Bytes {
-        sse::event(&ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: self.model.clone(),
-            choices: Vec::new(),
-            usage: Some(Some(usage)),
-        })
-    }
+/// The last chunk of a stream that asked for usage.
+fn usage_chunk(meta: &ResponseMeta, usage: UsageInfo) -> Bytes {
+    sse::event(&ChatCompletionChunk {
+        id: meta.id.clone(),
+        object: "chat.completion.chunk",
+        created: meta.created,
+        model: meta.model.clone(),
+        choices: Vec::new(),
+        usage: Some(Some(usage)),
+    })
 }
 
 /// One choice of a streamed chat completion.
@@ -165,7 +152,7 @@ struct ChatStream {
     index: usize,
     first_of_prompt: bool,
     parser: StreamParser,
-    meta: Meta,
+    meta: ResponseMeta,
     include_usage: bool,
     logprobs: bool,
     /// Logprobs of tokens whose text the parser still holds back.
@@ -270,7 +257,7 @@ impl ChatStream {
 fn stream_response(
     choices: Vec<Choice>,
     output: OutputOptions,
-    meta: Meta,
+    meta: ResponseMeta,
     include_usage: bool,
     logprobs: bool,
 ) -> Response {
@@ -297,8 +284,11 @@ fn stream_response(
             .boxed()
         })
         .collect();
-    let usage_chunk = move |usage| meta.usage_chunk(usage);
-    sse::response(choices::merge(streams, usage_chunk, include_usage))
+    sse::response(choices::merge(
+        streams,
+        move |usage| usage_chunk(&meta, usage),
+        include_usage,
+    ))
 }
 
 #[cfg(test)]

@@ -8,12 +8,12 @@ use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
 
 use crate::app::{parse_json, SharedState};
-use crate::choices::{self, ChoiceStep};
+use crate::choices::{self, ChoiceStep, ResponseMeta};
 use crate::error::ApiError;
 use crate::generation::{Generation, Piece, Step};
 use crate::protocol::{
-    unix_now, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-    PromptSpec, UsageInfo,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptSpec,
+    UsageInfo,
 };
 use crate::{program_id, sampling, sse};
 
@@ -91,11 +91,7 @@ pub async fn handle(
     }
     let logprobs = req.logprobs.is_some();
     let choices = choices::submit(&state, &program, submit, n, logprobs)?;
-    let meta = Meta {
-        id: state.request_id("cmpl"),
-        created: unix_now(),
-        model: state.model_name.clone(),
-    };
+    let meta = ResponseMeta::new(&state, "cmpl");
     let echo = |index: usize| req.echo.then(|| texts[index / n].clone());
     // vLLM's `return_token_ids`: each choice carries its prompt's ids (on its
     // first chunk when streaming) and the ids it generated.
@@ -126,10 +122,9 @@ pub async fn handle(
             })
             .collect();
         let usage_meta = meta.clone();
-        let usage_chunk = move |usage| usage_meta.usage_chunk(usage);
         return Ok(sse::response(choices::merge(
             streams,
-            usage_chunk,
+            move |usage| usage_chunk(&usage_meta, usage),
             include_usage,
         )));
     }
@@ -165,24 +160,16 @@ pub async fn handle(
     .into_response())
 }
 
-#[derive(Clone)]
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl Meta {
-    fn usage_chunk(&self, usage: UsageInfo) -> Bytes {
-        sse::event(&CompletionResponse {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            choices: Vec::new(),
-            usage: Some(Some(usage)),
-        })
-    }
+/// The last chunk of a stream that asked for usage.
+fn usage_chunk(meta: &ResponseMeta, usage: UsageInfo) -> Bytes {
+    sse::event(&CompletionResponse {
+        id: meta.id.clone(),
+        object: "text_completion",
+        created: meta.created,
+        model: meta.model.clone(),
+        choices: Vec::new(),
+        usage: Some(Some(usage)),
+    })
 }
 
 /// One choice of a streamed completion.
@@ -190,7 +177,7 @@ struct CompletionStream {
     gen: Generation,
     index: usize,
     first_of_prompt: bool,
-    meta: Meta,
+    meta: ResponseMeta,
     logprobs: bool,
     include_usage: bool,
     /// The echoed prompt, sent as the choice's first chunk.
