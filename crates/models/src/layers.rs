@@ -8,42 +8,28 @@ use rayon::prelude::*;
 
 use crate::config::{Qwen3Config, RopeScaling};
 use crate::error::{ModelError, Result};
-use crate::matmul::matmul_xwt;
+use crate::matmul::{has_avx512, matmul_xwt};
 use crate::simd;
 
 /// Whether a product with `t` activation rows runs on [`matmul_xwt`] rather
 /// than candle's gemm.
 ///
-/// Why: decode steps multiply a handful of rows by large weights. candle's
-/// gemm runs AVX2 kernels only and does badly on few rows (the 151,936-row
-/// output projection alone took 63 ms per token; ENVIRONMENT.md), while
-/// `matmul_xwt` streams weight rows across all cores and, with AVX-512, is
-/// 1.4-2.5x faster up to a few dozen rows. Past ~64 rows the activations
-/// no longer stay in L2 across its weight-row tasks and gemm's packed blocking
-/// wins (prefill at batch 32 x 32 tokens: 0.9x stock with ours, 1.1-1.3x with
-/// gemm). Without AVX-512 it only wins for a few rows.
+/// Why: candle's gemm runs AVX2 kernels only and does badly on few rows (the
+/// 151,936-row output projection alone took 63 ms per token; ENVIRONMENT.md).
+/// With AVX-512, `matmul_xwt` wins at every T: 1.7-1.8x gemm's GFLOP/s at
+/// T = 256..1024 (prefill) and more below (`matmul_probe` example). Without
+/// AVX-512 its row-by-row fallback only wins for a few rows.
 /// `AGENTD_GEMV_MAX_ROWS` overrides the cut-off (benchmarks).
 fn use_own_matmul(t: usize) -> bool {
     static V: OnceLock<usize> = OnceLock::new();
     let max = *V.get_or_init(|| {
-        let default = if has_avx512() { 64 } else { 8 };
+        let default = if has_avx512() { usize::MAX } else { 8 };
         std::env::var("AGENTD_GEMV_MAX_ROWS")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(default)
     });
     t <= max
-}
-
-fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// `y = x W^T (+ b)` with W `[out, in]` as stored by Hugging Face.

@@ -1,0 +1,168 @@
+//! The AVX-512 kernel for five or more activation rows: weights broadcast
+//! against transposed activations.
+//!
+//! `x` is transposed once per call into blocks of up to 64 rows, each stored
+//! `[k, tp]` (tp = the block's rows rounded up to 16, padding lanes zero). A
+//! register tile then holds MR weight rows × NV vectors of 16 activation rows:
+//! for each of the k reduction steps it loads NV activation vectors, broadcasts
+//! one value of each of the MR weight rows, and issues MR·NV FMAs. With
+//! MR·NV = 24 (or 12 for a single vector) accumulators that is 24 FMAs per
+//! 4–10 loads, and the sums come out already laid out by activation row: no
+//! horizontal reductions, unlike dot-product tiles.
+//!
+//! Cache use: a task owns [`ROWS_PER_TASK`] weight rows. For each activation
+//! block it walks its weight rows MR at a time; the block's transposed
+//! activations (≤ 256 KiB at k = 1024) stay in L2 and the weight rows stream
+//! from memory on the first block and from L2 after that.
+
+// Register tiles read best as explicit index loops.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use super::OutPtr;
+
+/// Weight rows per rayon task (a multiple of every MR below, so only the
+/// last task of a product has a ragged tile).
+const ROWS_PER_TASK: usize = 48;
+/// Activation rows per transposed block: 4 vectors of 16.
+const BLOCK_ROWS: usize = 64;
+
+/// `out[t, r] = x[t, :] · w[r, :]`.
+///
+/// # Safety
+/// AVX-512F must be available; `x` has `t` rows and `w` has `n` rows of `k`
+/// floats; `out` holds `t * n` floats that nothing else touches meanwhile.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn matmul(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: OutPtr) {
+    let xt = transpose_blocks(&x[..t * k], t, k);
+    let xt = &xt;
+    (0..n.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .for_each(move |task| {
+            let rows = (task * ROWS_PER_TASK, ((task + 1) * ROWS_PER_TASK).min(n));
+            let mut t0 = 0;
+            while t0 < t {
+                let tb = (t - t0).min(BLOCK_ROWS);
+                let xb = &xt[t0 * k..];
+                let blk = Block {
+                    xt: xb,
+                    t0,
+                    rows: tb,
+                };
+                // SAFETY: as the caller's; this task owns columns `rows` of out.
+                unsafe {
+                    match tb.div_ceil(16) {
+                        1 => tiles::<12, 1>(&blk, w, n, k, rows, out),
+                        2 => tiles::<12, 2>(&blk, w, n, k, rows, out),
+                        3 => tiles::<8, 3>(&blk, w, n, k, rows, out),
+                        _ => tiles::<6, 4>(&blk, w, n, k, rows, out),
+                    }
+                }
+                t0 += tb;
+            }
+        });
+}
+
+/// One transposed activation block: rows `t0..t0 + rows` of x, `[k, tp]`.
+struct Block<'a> {
+    xt: &'a [f32],
+    t0: usize,
+    rows: usize,
+}
+
+/// `x` `[t, k]` → consecutive blocks of [`BLOCK_ROWS`] rows, each `[k, tp]`.
+/// Block b starts at `b * BLOCK_ROWS * k` (every block but the last is full).
+fn transpose_blocks(x: &[f32], t: usize, k: usize) -> Vec<f32> {
+    let mut xt = vec![0f32; t.div_ceil(16) * 16 * k];
+    let mut t0 = 0;
+    while t0 < t {
+        let tb = (t - t0).min(BLOCK_ROWS);
+        let tp = tb.div_ceil(16) * 16;
+        let dst = &mut xt[t0 * k..];
+        for (ti, row) in x[t0 * k..(t0 + tb) * k].chunks_exact(k).enumerate() {
+            for (i, v) in row.iter().enumerate() {
+                dst[i * tp + ti] = *v;
+            }
+        }
+        t0 += tb;
+    }
+    xt
+}
+
+/// A task's weight rows against one activation block, MR rows at a time.
+/// A ragged last tile repeats its last valid weight row (results dropped).
+#[target_feature(enable = "avx512f")]
+unsafe fn tiles<const MR: usize, const NV: usize>(
+    blk: &Block<'_>,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    (r0, r1): (usize, usize),
+    out: OutPtr,
+) {
+    let tp = NV * 16;
+    let mut r = r0;
+    while r < r1 {
+        let rr = (r1 - r).min(MR);
+        let wp: [*const f32; MR] = std::array::from_fn(|i| w.as_ptr().add((r + i.min(rr - 1)) * k));
+        let acc = tile::<MR, NV>(blk.xt.as_ptr(), tp, wp, k);
+        let mut lanes = [0f32; 16];
+        for ri in 0..rr {
+            for v in 0..NV {
+                _mm512_storeu_ps(lanes.as_mut_ptr(), acc[ri][v]);
+                for (l, val) in lanes.iter().enumerate() {
+                    let ti = v * 16 + l;
+                    if ti < blk.rows {
+                        *out.0.add((blk.t0 + ti) * n + r + ri) = *val;
+                    }
+                }
+            }
+        }
+        r += MR;
+    }
+}
+
+/// MR weight rows × NV·16 activation rows over the whole reduction.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile<const MR: usize, const NV: usize>(
+    xt: *const f32,
+    tp: usize,
+    w: [*const f32; MR],
+    k: usize,
+) -> [[__m512; NV]; MR] {
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    for i in 0..k {
+        let mut xv = [_mm512_setzero_ps(); NV];
+        for v in 0..NV {
+            xv[v] = _mm512_loadu_ps(xt.add(i * tp + 16 * v));
+        }
+        for r in 0..MR {
+            let b = _mm512_set1_ps(*w[r].add(i));
+            for v in 0..NV {
+                acc[r][v] = _mm512_fmadd_ps(b, xv[v], acc[r][v]);
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transposed_blocks_hold_each_row_in_its_lane() {
+        let (t, k) = (70, 3);
+        let x: Vec<f32> = (0..t * k).map(|i| i as f32).collect();
+        let xt = transpose_blocks(&x, t, k);
+        // Block 0: 64 rows, tp 64. Block 1: 6 rows, tp 16.
+        assert_eq!(xt[2 * 64 + 5], x[5 * k + 2]);
+        let b1 = &xt[64 * k..];
+        assert_eq!(b1[16 + 3], x[(64 + 3) * k + 1]);
+        assert_eq!(b1[16 + 6], 0.0, "padding lanes are zero");
+    }
+}
