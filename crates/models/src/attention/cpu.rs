@@ -32,11 +32,43 @@ pub struct AttentionShape {
 /// The output rows of different tasks are disjoint `(token, head)` pairs, but
 /// they interleave in memory, so tasks write through a shared raw pointer.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 // SAFETY: each task writes only the rows of its own (token, head) pairs; no two
 // tasks share a pair (see `paged_attention`), and the buffer outlives the scope.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
+
+/// What every task of one call reads.
+pub(super) struct Job<'a> {
+    pub q: &'a [f32],
+    pub kv: &'a LayerKv,
+    pub batch: &'a BatchInput,
+    pub shape: AttentionShape,
+    pub scale: f32,
+}
+
+/// One task: query tokens `lo..hi` of sequence `seq`, for the query heads
+/// of KV head `kv_head`.
+#[derive(Clone, Copy)]
+pub(super) struct Task {
+    pub seq: usize,
+    pub kv_head: usize,
+    pub lo: usize,
+    pub hi: usize,
+}
+
+/// A task kernel: the portable [`attend_chunk`] or a vectorised one.
+pub(super) type ChunkFn = fn(&Job<'_>, Task, OutPtr);
+
+/// The fastest kernel this CPU has for head dim `d`.
+fn kernel(d: usize) -> ChunkFn {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = super::avx512::select(d) {
+        return f;
+    }
+    let _ = d;
+    attend_chunk
+}
 
 /// Computes attention for every new token of `batch`.
 ///
@@ -52,42 +84,68 @@ pub fn paged_attention(
     scale: f32,
     out: &mut [f32],
 ) {
+    run(kernel(shape.head_dim), q, kv, batch, shape, scale, out);
+}
+
+fn run(
+    chunk: ChunkFn,
+    q: &[f32],
+    kv: &LayerKv,
+    batch: &BatchInput,
+    shape: AttentionShape,
+    scale: f32,
+    out: &mut [f32],
+) {
     let t = batch.num_tokens();
     let (h, d) = (shape.num_heads, shape.head_dim);
     assert_eq!(q.len(), t * h * d, "q has the wrong size");
     assert_eq!(out.len(), t * h * d, "out has the wrong size");
 
     let mut tasks = Vec::new();
-    for s in 0..batch.num_seqs() {
-        let q_len = batch.query_len(s);
-        for kvh in 0..shape.num_kv_heads {
+    for seq in 0..batch.num_seqs() {
+        let q_len = batch.query_len(seq);
+        for kv_head in 0..shape.num_kv_heads {
             let mut lo = 0;
             while lo < q_len {
                 let hi = (lo + QUERY_CHUNK).min(q_len);
-                tasks.push((s, kvh, lo, hi));
+                tasks.push(Task {
+                    seq,
+                    kv_head,
+                    lo,
+                    hi,
+                });
                 lo = hi;
             }
         }
     }
+    let job = Job {
+        q,
+        kv,
+        batch,
+        shape,
+        scale,
+    };
     let out_ptr = OutPtr(out.as_mut_ptr());
-    tasks.par_iter().for_each(|&(s, kvh, lo, hi)| {
-        attend_chunk(q, kv, batch, shape, scale, s, kvh, lo, hi, out_ptr);
-    });
+    tasks
+        .par_iter()
+        .for_each(|&task| chunk(&job, task, out_ptr));
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attend_chunk(
-    q: &[f32],
-    kv: &LayerKv,
-    batch: &BatchInput,
-    shape: AttentionShape,
-    scale: f32,
-    s: usize,
-    kvh: usize,
-    lo: usize,
-    hi: usize,
-    out: OutPtr,
-) {
+/// The portable task kernel: one dot product, `exp` and axpy per (row, key).
+fn attend_chunk(job: &Job<'_>, task: Task, out: OutPtr) {
+    let Job {
+        q,
+        kv,
+        batch,
+        shape,
+        scale,
+    } = *job;
+    let Task {
+        seq: s,
+        kv_head: kvh,
+        lo,
+        hi,
+    } = task;
     let AttentionShape {
         num_heads,
         num_kv_heads,
@@ -210,15 +268,26 @@ mod tests {
         out
     }
 
+    /// Both kernels (the portable one and, where the CPU has it, the
+    /// vectorised one for this head dim) against the dense reference: prefill
+    /// chunks (≥ 8 rows per task), decode (1 query, GQA groups of 1..4), keys
+    /// in chunks that straddle blocks of 3..48 tokens.
     #[test]
     fn matches_dense_attention_over_shuffled_blocks() {
-        for (bs, ctx, qlen, h, kvh) in [
-            (4usize, 9usize, 9usize, 4usize, 2usize),
-            (16, 37, 5, 4, 1),
-            (3, 20, 1, 2, 2),
-            (16, 16, 16, 8, 2),
+        for (bs, ctx, qlen, h, kvh, d) in [
+            (4usize, 9usize, 9usize, 4usize, 2usize, 8usize),
+            (16, 37, 5, 4, 1, 8),
+            (3, 20, 1, 2, 2, 8),
+            (16, 16, 16, 8, 2, 8),
+            (4, 9, 9, 4, 2, 16),
+            (16, 37, 5, 4, 1, 32),
+            (3, 20, 1, 2, 2, 64),
+            (16, 70, 40, 8, 2, 64),
+            (32, 100, 1, 8, 2, 64),
+            (48, 130, 33, 4, 1, 128),
+            (5, 41, 1, 4, 4, 128),
+            (16, 33, 17, 2, 2, 48),
         ] {
-            let d = 8;
             let sh = AttentionShape {
                 num_heads: h,
                 num_kv_heads: kvh,
@@ -249,14 +318,16 @@ mod tests {
             b.push(&tokens[..qlen], ctx - qlen, &table, LogitsFor::Last);
             let batch = b.build();
             batch.validate(bs, cfg.num_blocks, 1 << 20, 1).unwrap();
-            let mut out = vec![0f32; qlen * h * d];
-            paged_attention(&q, cache.layer(0), &batch, sh, 0.3, &mut out);
             let want = reference(&q, &k, &v, ctx, qlen, sh, 0.3);
-            for (a, b) in out.iter().zip(&want) {
-                assert!(
-                    (a - b).abs() < 1e-5,
-                    "bs={bs} ctx={ctx} qlen={qlen}: {a} vs {b}"
-                );
+            for (name, f) in [("portable", attend_chunk as ChunkFn), ("best", kernel(d))] {
+                let mut out = vec![f32::NAN; qlen * h * d];
+                run(f, &q, cache.layer(0), &batch, sh, 0.3, &mut out);
+                for (a, b) in out.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "{name} bs={bs} ctx={ctx} qlen={qlen} d={d}: {a} vs {b}"
+                    );
+                }
             }
         }
     }

@@ -1,8 +1,11 @@
 //! Attention over a caller-owned paged KV cache.
 //!
 //! - [`cache`]: the cache storage ([`PagedKvCache`]) and the slot-mapped write.
-//! - [`cpu`]: the CPU paged attention kernel (causal, GQA, any block size).
+//! - [`cpu`]: the CPU paged attention kernel (causal, GQA, any block size),
+//!   with an AVX-512 form (`avx512.rs`) for head dims that are multiples of 16.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod cache;
 pub mod cpu;
 

@@ -1,0 +1,305 @@
+//! The AVX-512 form of one attention task (see `cpu.rs` for the task split),
+//! for head dims that are multiples of 16 up to 256.
+//!
+//! The portable kernel spends its time in one `dot` (with a horizontal sum),
+//! one `exp` and one `axpy` call per (query row, key). Here a task walks its
+//! context in chunks of 16 keys and, per chunk:
+//!
+//! 1. **Scores** for all its rows (query tokens × heads of the GQA group) as a
+//!    small matrix product, 16 keys per vector: with eight or more rows, the
+//!    chunk's keys are transposed once (`[d, 16]`) and each query value is
+//!    broadcast against them; with fewer rows (decode) each key is dotted
+//!    with the rows held in registers.
+//! 2. **Online softmax** on whole vectors: one masked max, one vector `exp`
+//!    (polynomial, ~1 ulp), one sum; causal and context limits are lane masks.
+//! 3. **P·V** with each probability broadcast against the value rows, RT rows
+//!    × d/16 vectors of accumulators in registers per pass.
+
+// Register tiles read best as explicit index loops.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::cpu::{Job, OutPtr, Task};
+
+/// Keys per chunk: one vector of scores.
+const KC: usize = 16;
+
+/// The kernel for head dim `d`, if there is one.
+pub fn select(d: usize) -> Option<super::cpu::ChunkFn> {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        return None;
+    }
+    // SAFETY (of each entry): AVX-512F was detected above.
+    Some(match d {
+        16 => |j, t, o| unsafe { chunk::<1, 8>(j, t, o) },
+        32 => |j, t, o| unsafe { chunk::<2, 8>(j, t, o) },
+        48 => |j, t, o| unsafe { chunk::<3, 6>(j, t, o) },
+        64 => |j, t, o| unsafe { chunk::<4, 4>(j, t, o) },
+        80 => |j, t, o| unsafe { chunk::<5, 4>(j, t, o) },
+        96 => |j, t, o| unsafe { chunk::<6, 3>(j, t, o) },
+        128 => |j, t, o| unsafe { chunk::<8, 2>(j, t, o) },
+        256 => |j, t, o| unsafe { chunk::<16, 1>(j, t, o) },
+        _ => return None,
+    })
+}
+
+/// One task: DV = d / 16 vectors per head row, RT rows per P·V pass.
+///
+/// # Safety
+/// AVX-512F must be available; the batch was validated against the cache
+/// (block tables and context lengths in range), `d == DV * 16`.
+#[target_feature(enable = "avx512f")]
+unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out: OutPtr) {
+    let d = DV * 16;
+    let sh = job.shape;
+    let (nh, nkv, bs) = (sh.num_heads, sh.num_kv_heads, sh.block_size);
+    let group = nh / nkv;
+    let Task {
+        seq,
+        kv_head,
+        lo,
+        hi,
+    } = task;
+    let tok0 = job.batch.cu_seqlens[seq];
+    let first = job.batch.context_lens[seq] - job.batch.query_len(seq);
+    let table = &job.batch.block_tables[seq];
+    let rows = (hi - lo) * group;
+
+    // The task's query rows, contiguous and pre-scaled; row r is query
+    // lo + r / group, head kv_head * group + r % group.
+    let mut qs = vec![0f32; rows * d];
+    let mut qpos = vec![0usize; rows];
+    for r in 0..rows {
+        let (qi, g) = (lo + r / group, r % group);
+        let off = ((tok0 + qi) * nh + kv_head * group + g) * d;
+        for (dst, src) in qs[r * d..(r + 1) * d].iter_mut().zip(&job.q[off..off + d]) {
+            *dst = src * job.scale;
+        }
+        qpos[r] = first + qi;
+    }
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0f32; rows];
+    let mut acc = vec![0f32; rows * d];
+    let mut p = vec![0f32; rows * KC];
+    let mut kt = vec![0f32; d * KC];
+
+    let key_row = |j: usize| -> usize {
+        let block = table[j / bs] as usize;
+        ((block * nkv + kv_head) * bs + j % bs) * d
+    };
+    let (kp, vp) = (job.kv.k.as_ptr(), job.kv.v.as_ptr());
+    let end = first + hi; // keys 0..end are visible to some row of the task
+    let mut j0 = 0;
+    while j0 < end {
+        let nk = (end - j0).min(KC);
+        let offs: [usize; KC] = std::array::from_fn(|i| key_row(j0 + i.min(nk - 1)));
+
+        // 1. Scores into p[r][0..16].
+        if rows >= 8 {
+            for (i, &o) in offs.iter().enumerate() {
+                for dd in 0..d {
+                    kt[dd * KC + i] = *kp.add(o + dd);
+                }
+            }
+            let mut r = 0;
+            while r < rows {
+                let n = rows - r;
+                if n >= 8 {
+                    scores_t::<8>(&qs, &kt, d, r, n, &mut p);
+                    r += 8;
+                } else {
+                    scores_t::<4>(&qs, &kt, d, r, n, &mut p);
+                    r += n.min(4);
+                }
+            }
+        } else {
+            scores_dot::<DV>(&qs, kp, &offs, nk, rows, &mut p);
+        }
+
+        // 2. Online softmax, row by row on the 16 scores.
+        for r in 0..rows {
+            let visible = (qpos[r] + 1).saturating_sub(j0).min(nk);
+            let pr = p.as_mut_ptr().add(r * KC);
+            if visible == 0 {
+                _mm512_storeu_ps(pr, _mm512_setzero_ps());
+                continue;
+            }
+            let mask: __mmask16 = ((1u32 << visible) - 1) as __mmask16;
+            let s = _mm512_loadu_ps(pr);
+            let new_m = m[r].max(_mm512_mask_reduce_max_ps(mask, s));
+            if new_m > m[r] && m[r] != f32::NEG_INFINITY {
+                let corr = (m[r] - new_m).exp();
+                l[r] *= corr;
+                let c = _mm512_set1_ps(corr);
+                let ar = acc.as_mut_ptr().add(r * d);
+                for v in 0..DV {
+                    _mm512_storeu_ps(
+                        ar.add(16 * v),
+                        _mm512_mul_ps(c, _mm512_loadu_ps(ar.add(16 * v))),
+                    );
+                }
+            }
+            let e = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(s, _mm512_set1_ps(new_m))));
+            l[r] += _mm512_reduce_add_ps(e);
+            m[r] = new_m;
+            _mm512_storeu_ps(pr, e);
+        }
+
+        // 3. acc += P · V over the chunk's keys.
+        let mut r = 0;
+        while r < rows {
+            let n = (rows - r).min(RT);
+            pv::<DV, RT>(&mut acc, &p, vp, &offs, nk, r, n);
+            r += n;
+        }
+        j0 += nk;
+    }
+
+    for r in 0..rows {
+        let (qi, g) = (lo + r / group, r % group);
+        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+        let off = ((tok0 + qi) * nh + kv_head * group + g) * d;
+        // SAFETY: (tok0 + qi, head) belongs to this task alone (see cpu.rs).
+        let dst = std::slice::from_raw_parts_mut(out.0.add(off), d);
+        for (o, a) in dst.iter_mut().zip(&acc[r * d..(r + 1) * d]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// Scores of rows `r..r + n.min(R)` against the transposed chunk `kt`
+/// (`[d, 16]`); rows past `n` repeat the last valid one and are not stored.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_t<const R: usize>(
+    qs: &[f32],
+    kt: &[f32],
+    d: usize,
+    r: usize,
+    n: usize,
+    p: &mut [f32],
+) {
+    let valid = n.min(R);
+    let q: [*const f32; R] = std::array::from_fn(|i| qs.as_ptr().add((r + i.min(valid - 1)) * d));
+    let mut acc = [_mm512_setzero_ps(); R];
+    for dd in 0..d {
+        let k = _mm512_loadu_ps(kt.as_ptr().add(dd * KC));
+        for i in 0..R {
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(*q[i].add(dd)), k, acc[i]);
+        }
+    }
+    for i in 0..valid {
+        _mm512_storeu_ps(p.as_mut_ptr().add((r + i) * KC), acc[i]);
+    }
+}
+
+/// Scores of every row (fewer than 8) against the chunk's keys, one dot
+/// product per (row, key) with the rows held in registers.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_dot<const DV: usize>(
+    qs: &[f32],
+    kp: *const f32,
+    offs: &[usize; KC],
+    nk: usize,
+    rows: usize,
+    p: &mut [f32],
+) {
+    for r in 0..rows {
+        let qr = qs.as_ptr().add(r * DV * 16);
+        let q: [__m512; DV] = std::array::from_fn(|v| _mm512_loadu_ps(qr.add(16 * v)));
+        for (i, &o) in offs.iter().enumerate().take(nk) {
+            let mut a = _mm512_mul_ps(q[0], _mm512_loadu_ps(kp.add(o)));
+            for v in 1..DV {
+                a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(kp.add(o + 16 * v)), a);
+            }
+            p[r * KC + i] = _mm512_reduce_add_ps(a);
+        }
+    }
+}
+
+/// `acc[r..r + n] += p[r..r + n] · V[chunk]`, RT rows at a time in registers.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn pv<const DV: usize, const RT: usize>(
+    acc: &mut [f32],
+    p: &[f32],
+    vp: *const f32,
+    offs: &[usize; KC],
+    nk: usize,
+    r: usize,
+    n: usize,
+) {
+    let d = DV * 16;
+    let rows: [usize; RT] = std::array::from_fn(|i| r + i.min(n - 1));
+    let mut a = [[_mm512_setzero_ps(); DV]; RT];
+    for i in 0..RT {
+        for v in 0..DV {
+            a[i][v] = _mm512_loadu_ps(acc.as_ptr().add(rows[i] * d + 16 * v));
+        }
+    }
+    for (j, &o) in offs.iter().enumerate().take(nk) {
+        let vrow = vp.add(o);
+        let vv: [__m512; DV] = std::array::from_fn(|v| _mm512_loadu_ps(vrow.add(16 * v)));
+        for i in 0..RT {
+            let b = _mm512_set1_ps(p[rows[i] * KC + j]);
+            for v in 0..DV {
+                a[i][v] = _mm512_fmadd_ps(b, vv[v], a[i][v]);
+            }
+        }
+    }
+    // Repeated rows computed the same sums; store each row once.
+    for i in 0..n {
+        for v in 0..DV {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(rows[i] * d + 16 * v), a[i][v]);
+        }
+    }
+}
+
+/// `e^x` lane-wise for x ≤ 0 (scores minus their running max), with a
+/// relative error of a few 1e-7: x = n·ln2 + r, |r| ≤ ln2/2, e^r by a
+/// degree-6 Taylor polynomial, then scaled by 2^n (`vscalefps`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn exp(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-103.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    // Cody-Waite: ln2 split so n * LN2_HI is exact.
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut y = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(y, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vector_exp_matches_libm() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let xs: Vec<f32> = (0..4000).map(|i| -(i as f32) * 0.025).collect();
+        for c in xs.chunks(16) {
+            let mut lanes = [0f32; 16];
+            lanes[..c.len()].copy_from_slice(c);
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512F was detected above.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp(_mm512_loadu_ps(lanes.as_ptr()))) };
+            for (x, g) in lanes.iter().zip(got) {
+                let want = x.exp();
+                assert!(
+                    (g - want).abs() <= 4e-7 * want + 1e-38,
+                    "exp({x}) = {g}, libm {want}"
+                );
+            }
+        }
+    }
+}
