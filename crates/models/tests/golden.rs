@@ -6,7 +6,7 @@
 mod common;
 
 use agentd_models::sampling::log_softmax;
-use agentd_models::LogitsFor;
+use agentd_models::{LogitsFor, Qwen3Model};
 use common::*;
 
 const TOL: f32 = 1e-4;
@@ -212,5 +212,61 @@ fn batch_rows_equal_solo_rows() {
             &[(c.input_ids.len(), LogitsFor::Last)],
         );
         assert!(rel_err(&batched[i], &solo[0]) < 1e-5, "seq {i}");
+    }
+}
+
+/// Runs prompt `ids` in chunks of `chunk` tokens and returns the last
+/// position's logits.
+fn chunked_prefill_logits(model: &Qwen3Model, ids: &[u32], chunk: usize) -> Vec<f32> {
+    let mut cache = model.new_cache(32, 16).unwrap();
+    let mut pool = BlockPool::new(32, chunk as u64);
+    let mut seq = Seq::new(ids);
+    let mut last = Vec::new();
+    while seq.num_cached < ids.len() {
+        let n = chunk.min(ids.len() - seq.num_cached);
+        let lf = if seq.num_cached + n == ids.len() {
+            LogitsFor::Last
+        } else {
+            LogitsFor::None
+        };
+        last = step(model, &mut cache, &mut pool, &mut [&mut seq], &[(n, lf)]);
+    }
+    last.remove(0)
+}
+
+/// With the AVX-512 kernels a sequence's logits are bit-identical whether it
+/// runs alone or batched with others, and whether its prefix was computed in
+/// the same step or came from the cache: every sum has one order. Seeded
+/// sampling (`n` choices, repeats of a seeded request) relies on it.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn logits_are_batch_invariant_with_avx512() {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("SKIPPED: no AVX-512 on this CPU");
+        return;
+    }
+    for name in MODELS {
+        let model = load(name);
+        let cases = golden(name);
+        let mut cache = model.new_cache(128, 16).unwrap();
+        let mut pool = BlockPool::new(128, 5);
+        let mut seqs: Vec<Seq> = cases.iter().map(|c| Seq::new(&c.input_ids)).collect();
+        let chunks: Vec<_> = seqs
+            .iter()
+            .map(|s| (s.tokens.len(), LogitsFor::Last))
+            .collect();
+        let mut refs: Vec<&mut Seq> = seqs.iter_mut().collect();
+        let batched = step(&model, &mut cache, &mut pool, &mut refs, &chunks);
+        for (i, c) in cases.iter().enumerate() {
+            let whole = chunked_prefill_logits(&model, &c.input_ids, usize::MAX);
+            assert!(batched[i] == whole, "{name} seq {i}: batched != alone");
+            for chunk in [1, 5, 16, 17] {
+                let chunked = chunked_prefill_logits(&model, &c.input_ids, chunk);
+                assert!(
+                    chunked == whole,
+                    "{name} seq {i}: chunks of {chunk} != whole"
+                );
+            }
+        }
     }
 }

@@ -6,10 +6,13 @@
 //! context in chunks of 16 keys and, per chunk:
 //!
 //! 1. **Scores** for all its rows (query tokens × heads of the GQA group) as a
-//!    small matrix product, 16 keys per vector: with eight or more rows, the
-//!    chunk's keys are transposed once (`[d, 16]`) and each query value is
-//!    broadcast against them; with fewer rows (decode) each key is dotted
-//!    with the rows held in registers.
+//!    small matrix product, 16 keys per vector: K is stored transposed per
+//!    block (`cache.rs`), so one head-dim component of the chunk's keys is one
+//!    load (blocks of a multiple of 16 tokens; other sizes are gathered into
+//!    a `[d, 16]` scratch), and each query value is broadcast against it.
+//!    Every score is one FMA chain over d in order, however many rows the
+//!    task has, so prefill and decode of the same token agree to the bit
+//!    (batch invariance, see `matmul/mod.rs`).
 //! 2. **Online softmax** on whole vectors: one masked max, one vector `exp`
 //!    (polynomial, ~1 ulp), one sum; causal and context limits are lane masks.
 //! 3. **P·V** with each probability broadcast against the value rows, RT rows
@@ -84,10 +87,18 @@ unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out
     let mut p = vec![0f32; rows * KC];
     let mut kt = vec![0f32; d * KC];
 
-    let key_row = |j: usize| -> usize {
+    // Start of key j's block (for this KV head) and its offset in the block.
+    let key_at = |j: usize| -> (usize, usize) {
         let block = table[j / bs] as usize;
-        ((block * nkv + kv_head) * bs + j % bs) * d
+        ((block * nkv + kv_head) * bs * d, j % bs)
     };
+    let key_row = |j: usize| -> usize {
+        let (base, off) = key_at(j);
+        base + off * d
+    };
+    // Chunks start at multiples of 16, so with such blocks a chunk never
+    // straddles two blocks and its keys are contiguous in each K row.
+    let direct = bs % KC == 0;
     let (kp, vp) = (job.kv.k.as_ptr(), job.kv.v.as_ptr());
     let end = first + hi; // keys 0..end are visible to some row of the task
     let mut j0 = 0;
@@ -95,26 +106,33 @@ unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out
         let nk = (end - j0).min(KC);
         let offs: [usize; KC] = std::array::from_fn(|i| key_row(j0 + i.min(nk - 1)));
 
-        // 1. Scores into p[r][0..16].
-        if rows >= 8 {
-            for (i, &o) in offs.iter().enumerate() {
-                for dd in 0..d {
-                    kt[dd * KC + i] = *kp.add(o + dd);
-                }
-            }
-            let mut r = 0;
-            while r < rows {
-                let n = rows - r;
-                if n >= 8 {
-                    scores_t::<8>(&qs, &kt, d, r, n, &mut p);
-                    r += 8;
-                } else {
-                    scores_t::<4>(&qs, &kt, d, r, n, &mut p);
-                    r += n.min(4);
-                }
-            }
+        // 1. Scores into p[r][0..16]; component dd of key j0 + i is at
+        // kcol[dd * kstride + i].
+        let (kcol, kstride) = if direct {
+            let (base, off) = key_at(j0);
+            (kp.add(base + off), bs)
         } else {
-            scores_dot::<DV>(&qs, kp, &offs, nk, rows, &mut p);
+            for i in 0..KC {
+                let (base, off) = key_at(j0 + i.min(nk - 1));
+                for dd in 0..d {
+                    kt[dd * KC + i] = *kp.add(base + dd * bs + off);
+                }
+            }
+            (kt.as_ptr(), KC)
+        };
+        let mut r = 0;
+        while r < rows {
+            let n = rows - r;
+            if n >= 8 {
+                scores_t::<8>(&qs, kcol, kstride, d, r, n, &mut p);
+                r += 8;
+            } else if n >= 4 {
+                scores_t::<4>(&qs, kcol, kstride, d, r, n, &mut p);
+                r += 4;
+            } else {
+                scores_t::<2>(&qs, kcol, kstride, d, r, n, &mut p);
+                r += n.min(2);
+            }
         }
 
         // 2. Online softmax, row by row on the 16 scores.
@@ -168,13 +186,15 @@ unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out
     }
 }
 
-/// Scores of rows `r..r + n.min(R)` against the transposed chunk `kt`
-/// (`[d, 16]`); rows past `n` repeat the last valid one and are not stored.
+/// Scores of rows `r..r + n.min(R)` against 16 keys whose component dd is
+/// at `k[dd * stride..][..16]`; rows past `n` repeat the last valid one and
+/// are not stored.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn scores_t<const R: usize>(
     qs: &[f32],
-    kt: &[f32],
+    k: *const f32,
+    stride: usize,
     d: usize,
     r: usize,
     n: usize,
@@ -184,38 +204,13 @@ unsafe fn scores_t<const R: usize>(
     let q: [*const f32; R] = std::array::from_fn(|i| qs.as_ptr().add((r + i.min(valid - 1)) * d));
     let mut acc = [_mm512_setzero_ps(); R];
     for dd in 0..d {
-        let k = _mm512_loadu_ps(kt.as_ptr().add(dd * KC));
+        let kv = _mm512_loadu_ps(k.add(dd * stride));
         for i in 0..R {
-            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(*q[i].add(dd)), k, acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(*q[i].add(dd)), kv, acc[i]);
         }
     }
     for i in 0..valid {
         _mm512_storeu_ps(p.as_mut_ptr().add((r + i) * KC), acc[i]);
-    }
-}
-
-/// Scores of every row (fewer than 8) against the chunk's keys, one dot
-/// product per (row, key) with the rows held in registers.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn scores_dot<const DV: usize>(
-    qs: &[f32],
-    kp: *const f32,
-    offs: &[usize; KC],
-    nk: usize,
-    rows: usize,
-    p: &mut [f32],
-) {
-    for r in 0..rows {
-        let qr = qs.as_ptr().add(r * DV * 16);
-        let q: [__m512; DV] = std::array::from_fn(|v| _mm512_loadu_ps(qr.add(16 * v)));
-        for (i, &o) in offs.iter().enumerate().take(nk) {
-            let mut a = _mm512_mul_ps(q[0], _mm512_loadu_ps(kp.add(o)));
-            for v in 1..DV {
-                a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(kp.add(o + 16 * v)), a);
-            }
-            p[r * KC + i] = _mm512_reduce_add_ps(a);
-        }
     }
 }
 

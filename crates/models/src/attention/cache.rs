@@ -1,7 +1,11 @@
 //! The paged KV cache, owned by the caller (the engine), never by the model.
 //!
-//! Storage is one plain `Vec<f32>` per layer for K and one for V, shaped
-//! `[num_blocks, num_kv_heads, block_size, head_dim]`. Why plain vectors and not
+//! Storage is one plain `Vec<f32>` per layer for K and one for V. V is shaped
+//! `[num_blocks, num_kv_heads, block_size, head_dim]`; K is transposed inside
+//! each block, `[num_blocks, num_kv_heads, head_dim, block_size]`, because the
+//! kernels compute scores for 16 keys per vector: one head-dim component of
+//! consecutive keys is then one contiguous load, with no per-step transpose
+//! (which, done in the kernel, halved batch-1 decode at 2k context). Why plain vectors and not
 //! candle tensors: candle tensors are immutable values, so writing one token's
 //! K/V in place would mean rebuilding (copying) the cache or unsafe aliasing;
 //! the CPU attention kernel wants raw slices anyway. Why head-major inside a
@@ -131,10 +135,13 @@ impl PagedKvCache {
         for (t, &slot) in slots.iter().enumerate() {
             let (block, off) = (slot / c.block_size, slot % c.block_size);
             for h in 0..c.num_kv_heads {
-                let dst = ((block * c.num_kv_heads + h) * c.block_size + off) * c.head_dim;
+                let head = (block * c.num_kv_heads + h) * c.block_size * c.head_dim;
                 let src = t * row + h * c.head_dim;
-                lkv.k[dst..dst + c.head_dim].copy_from_slice(&k[src..src + c.head_dim]);
+                let dst = head + off * c.head_dim;
                 lkv.v[dst..dst + c.head_dim].copy_from_slice(&v[src..src + c.head_dim]);
+                for (i, x) in k[src..src + c.head_dim].iter().enumerate() {
+                    lkv.k[head + i * c.block_size + off] = *x;
+                }
             }
         }
     }

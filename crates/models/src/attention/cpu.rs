@@ -84,18 +84,21 @@ pub fn paged_attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    run(kernel(shape.head_dim), q, kv, batch, shape, scale, out);
+    let job = Job {
+        q,
+        kv,
+        batch,
+        shape,
+        scale,
+    };
+    run(kernel(shape.head_dim), &job, out);
 }
 
-fn run(
-    chunk: ChunkFn,
-    q: &[f32],
-    kv: &LayerKv,
-    batch: &BatchInput,
-    shape: AttentionShape,
-    scale: f32,
-    out: &mut [f32],
-) {
+/// Splits `job` into tasks and runs `chunk` on each, in parallel.
+fn run(chunk: ChunkFn, job: &Job<'_>, out: &mut [f32]) {
+    let Job {
+        q, batch, shape, ..
+    } = *job;
     let t = batch.num_tokens();
     let (h, d) = (shape.num_heads, shape.head_dim);
     assert_eq!(q.len(), t * h * d, "q has the wrong size");
@@ -118,17 +121,8 @@ fn run(
             }
         }
     }
-    let job = Job {
-        q,
-        kv,
-        batch,
-        shape,
-        scale,
-    };
     let out_ptr = OutPtr(out.as_mut_ptr());
-    tasks
-        .par_iter()
-        .for_each(|&task| chunk(&job, task, out_ptr));
+    tasks.par_iter().for_each(|&task| chunk(job, task, out_ptr));
 }
 
 /// The portable task kernel: one dot product, `exp` and axpy per (row, key).
@@ -182,10 +176,17 @@ fn attend_chunk(job: &Job<'_>, task: Task, out: OutPtr) {
                 let qoff = ((tok0 + qi) * num_heads + head) * d;
                 let qv = &q[qoff..qoff + d];
                 let r = (qi - lo) * group + g;
+                // K is `[head_dim, block_size]` in a block: scores for all
+                // keys at once, one axpy per head-dim component.
+                let sc = &mut scores[..n];
+                sc.fill(0.0);
+                for (x, krow) in qv.iter().zip(kblk.chunks_exact(bs)) {
+                    simd::axpy(sc, *x, &krow[..n]);
+                }
                 let mut bmax = f32::NEG_INFINITY;
-                for (j, sc) in scores[..n].iter_mut().enumerate() {
-                    *sc = simd::dot(qv, &kblk[j * d..(j + 1) * d]) * scale;
-                    bmax = bmax.max(*sc);
+                for s in sc.iter_mut() {
+                    *s *= scale;
+                    bmax = bmax.max(*s);
                 }
                 let new_m = m[r].max(bmax);
                 let arow = &mut acc[r * d..(r + 1) * d];
@@ -321,7 +322,14 @@ mod tests {
             let want = reference(&q, &k, &v, ctx, qlen, sh, 0.3);
             for (name, f) in [("portable", attend_chunk as ChunkFn), ("best", kernel(d))] {
                 let mut out = vec![f32::NAN; qlen * h * d];
-                run(f, &q, cache.layer(0), &batch, sh, 0.3, &mut out);
+                let job = Job {
+                    q: &q,
+                    kv: cache.layer(0),
+                    batch: &batch,
+                    shape: sh,
+                    scale: 0.3,
+                };
+                run(f, &job, &mut out);
                 for (a, b) in out.iter().zip(&want) {
                     assert!(
                         (a - b).abs() < 1e-5,

@@ -3,18 +3,20 @@
 //!
 //! Why not candle's gemm: in decode, T is the number of running sequences.
 //! candle's gemm (the `gemm` crate as candle builds it) runs AVX2 micro-kernels
-//! only, packs both operands, and runs a one-row product on one core. These
-//! kernels stream each weight row from memory once per ≤64 activation rows and
-//! never pack the weights. Two AVX-512 kernels, picked by T:
+//! only, packs both operands, and runs a one-row product on one core. With
+//! AVX-512, [`bcast`] serves every T: the activations are transposed once per
+//! call (`[k, T]`, cheap: T·k floats), then each weight value is broadcast and
+//! multiplied into 16 activation rows per FMA; no horizontal reductions, and
+//! the transposed activations stay in L1/L2 while the weights stream once per
+//! 64 rows. It runs 1.7–2.3× candle's gemm's GFLOP/s from T = 16 on, and at
+//! T = 1 about 1.6× (the `matmul_probe` example).
 //!
-//! - [`tile`] (T < [`BCAST_MIN_ROWS`]): 4×4 tiles of row-by-row dot products.
-//!   With one to four rows the product is bound by memory bandwidth, and this
-//!   kernel's four weight streams with software prefetch read fastest.
-//! - [`bcast`] (larger T): the activations are transposed once per call
-//!   (`[k, T]`, cheap: T·k floats), then each weight value is broadcast and
-//!   multiplied into 16 activation rows per FMA. No horizontal reductions, and
-//!   the transposed activations stay in L1/L2 while weights stream: FMA-bound
-//!   (1.6–1.9× the tile kernel's GFLOP/s at T = 16..64 on this machine).
+//! **Batch invariance:** every output is one FMA chain over k in order,
+//! whatever T is and whichever rows share its tile, so a sequence's logits do
+//! not depend on what else is in the batch (or on whether its prefix came
+//! from the cache). Seeded sampling relies on it: a 4×4 dot-product kernel
+//! for small T (1.4× faster at T = 1) summed in another order, and the repeat
+//! of a seeded request diverged (`crates/server/tests/choices.rs`).
 //!
 //! Without AVX-512 it falls back to `simd::dot_rows` (AVX2 or portable).
 
@@ -24,19 +26,13 @@ use crate::simd;
 
 #[cfg(target_arch = "x86_64")]
 mod bcast;
-#[cfg(target_arch = "x86_64")]
-mod tile;
 
-/// Weight rows per rayon task for the row-by-row kernels: 32 rows of
+/// Weight rows per rayon task for the portable kernel: 32 rows of
 /// k = 1024..3072 floats (128-384 KiB) stay in L2 while every activation row
 /// passes over them.
 const ROWS_PER_TASK: usize = 32;
 /// Activation rows per pass over a task's weight rows (bounds the x working set).
 const X_ROWS_PER_PASS: usize = 64;
-/// From this many activation rows on, [`bcast`] beats [`tile`] (measured with
-/// the `matmul_probe` example: at T = 5 they are even, at 8 bcast is 1.3×).
-#[cfg(target_arch = "x86_64")]
-const BCAST_MIN_ROWS: usize = 5;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -53,17 +49,8 @@ pub fn matmul_xwt(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: &mut 
     let out_ptr = OutPtr(out.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
-        if t >= BCAST_MIN_ROWS {
-            // SAFETY: AVX-512F is present; shapes were checked above.
-            unsafe { bcast::matmul(x, t, w, n, k, out_ptr) };
-        } else {
-            row_tasks(t, n, |rows, ts| {
-                let out = out_ptr;
-                // SAFETY: AVX-512F is present; indices are in bounds by the
-                // assert above; each task owns its columns of `out`.
-                unsafe { tile::block(x, w, k, n, rows, ts, out.0) }
-            });
-        }
+        // SAFETY: AVX-512F is present; shapes were checked above.
+        unsafe { bcast::matmul(x, t, w, n, k, out_ptr) };
         return;
     }
     row_tasks(t, n, |rows, ts| {
