@@ -9,7 +9,7 @@
 //! multiplied into 16 activation rows per FMA; no horizontal reductions, and
 //! the transposed activations stay in L1/L2 while the weights stream once per
 //! 64 rows. It runs 1.7–2.3× candle's gemm's GFLOP/s from T = 16 on, and at
-//! T = 1 about 1.6× (the `matmul_probe` example).
+//! T = 1 1.3–1.6× (the `matmul_probe` example).
 //!
 //! **Batch invariance:** every output is one FMA chain over k in order,
 //! whatever T is and whichever rows share its tile, so a sequence's logits do
