@@ -191,6 +191,16 @@ fn batch_rows_equal_solo_rows() {
     let name = "gqa2-untied";
     let model = load(name);
     let cases = golden(name);
+    let batched = batched_prefill_logits(&model, &cases);
+    for (i, c) in cases.iter().enumerate() {
+        let solo = chunked_prefill_logits(&model, &c.input_ids, usize::MAX);
+        assert!(rel_err(&batched[i], &solo) < 1e-5, "seq {i}");
+    }
+}
+
+/// Prefills every case's prompt in one step; the last position's logits of
+/// each.
+fn batched_prefill_logits(model: &Qwen3Model, cases: &[Case]) -> Vec<Vec<f32>> {
     let mut cache = model.new_cache(128, 16).unwrap();
     let mut pool = BlockPool::new(128, 5);
     let mut seqs: Vec<Seq> = cases.iter().map(|c| Seq::new(&c.input_ids)).collect();
@@ -199,20 +209,7 @@ fn batch_rows_equal_solo_rows() {
         .map(|s| (s.tokens.len(), LogitsFor::Last))
         .collect();
     let mut refs: Vec<&mut Seq> = seqs.iter_mut().collect();
-    let batched = step(&model, &mut cache, &mut pool, &mut refs, &chunks);
-    for (i, c) in cases.iter().enumerate() {
-        let mut cache = model.new_cache(16, 16).unwrap();
-        let mut pool = BlockPool::new(16, 1);
-        let mut s = Seq::new(&c.input_ids);
-        let solo = step(
-            &model,
-            &mut cache,
-            &mut pool,
-            &mut [&mut s],
-            &[(c.input_ids.len(), LogitsFor::Last)],
-        );
-        assert!(rel_err(&batched[i], &solo[0]) < 1e-5, "seq {i}");
-    }
+    step(model, &mut cache, &mut pool, &mut refs, &chunks)
 }
 
 /// Runs prompt `ids` in chunks of `chunk` tokens and returns the last
@@ -248,15 +245,7 @@ fn logits_are_batch_invariant_with_avx512() {
     for name in MODELS {
         let model = load(name);
         let cases = golden(name);
-        let mut cache = model.new_cache(128, 16).unwrap();
-        let mut pool = BlockPool::new(128, 5);
-        let mut seqs: Vec<Seq> = cases.iter().map(|c| Seq::new(&c.input_ids)).collect();
-        let chunks: Vec<_> = seqs
-            .iter()
-            .map(|s| (s.tokens.len(), LogitsFor::Last))
-            .collect();
-        let mut refs: Vec<&mut Seq> = seqs.iter_mut().collect();
-        let batched = step(&model, &mut cache, &mut pool, &mut refs, &chunks);
+        let batched = batched_prefill_logits(&model, &cases);
         for (i, c) in cases.iter().enumerate() {
             let whole = chunked_prefill_logits(&model, &c.input_ids, usize::MAX);
             assert!(batched[i] == whole, "{name} seq {i}: batched != alone");
