@@ -4,19 +4,23 @@
 //! Why not candle's gemm: in decode, T is the number of running sequences.
 //! candle's gemm (the `gemm` crate as candle builds it) runs AVX2 micro-kernels
 //! only, packs both operands, and runs a one-row product on one core. With
-//! AVX-512, [`bcast`] serves every T: the activations are transposed once per
-//! call (`[k, T]`, cheap: T·k floats), then each weight value is broadcast and
-//! multiplied into 16 activation rows per FMA; no horizontal reductions, and
-//! the transposed activations stay in L1/L2 while the weights stream once per
-//! 64 rows. It runs 1.7–2.3× candle's gemm's GFLOP/s from T = 16 on, and at
-//! T = 1 1.3–1.6× (the `matmul_probe` example).
+//! AVX-512 two kernels serve every T, summing in one order:
+//!
+//! - [`bcast`] (T ≥ 5): the activations are transposed once per call
+//!   (`[k, T]`, cheap: T·k floats), then each weight value is broadcast and
+//!   multiplied into 16 activation rows per FMA; no horizontal reductions,
+//!   and the transposed activations stay in L1/L2 while the weights stream
+//!   once per 64 rows. 1.7–2.3× candle's gemm's GFLOP/s from T = 16 on.
+//! - [`small`] (T ≤ 4): 16×16 weight tiles transposed in registers, each
+//!   activation value broadcast against 16 weight rows; about 1.9× gemm at
+//!   T = 1 (the `matmul_probe` example).
 //!
 //! **Batch invariance:** every output is one FMA chain over k in order,
 //! whatever T is and whichever rows share its tile, so a sequence's logits do
 //! not depend on what else is in the batch (or on whether its prefix came
-//! from the cache). Seeded sampling relies on it: a 4×4 dot-product kernel
-//! for small T (1.4× faster at T = 1) summed in another order, and the repeat
-//! of a seeded request diverged (`crates/server/tests/choices.rs`).
+//! from the cache). Seeded sampling relies on it: an earlier 4×4 dot-product
+//! kernel for small T summed in another order, and the repeat of a seeded
+//! request diverged (`crates/server/tests/choices.rs`).
 //!
 //! Without AVX-512 it falls back to `simd::dot_rows` (AVX2 or portable).
 
@@ -26,6 +30,8 @@ use crate::simd;
 
 #[cfg(target_arch = "x86_64")]
 mod bcast;
+#[cfg(target_arch = "x86_64")]
+mod small;
 
 /// Weight rows per rayon task for the portable kernel: 32 rows of
 /// k = 1024..3072 floats (128-384 KiB) stay in L2 while every activation row
@@ -50,7 +56,13 @@ pub fn matmul_xwt(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: &mut 
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512F is present; shapes were checked above.
-        unsafe { bcast::matmul(x, t, w, n, k, out_ptr) };
+        unsafe {
+            if t <= 4 {
+                small::matmul(x, t, w, n, k, out_ptr)
+            } else {
+                bcast::matmul(x, t, w, n, k, out_ptr)
+            }
+        };
         return;
     }
     row_tasks(t, n, |rows, ts| {
@@ -110,6 +122,41 @@ fn portable_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each output row is bit-identical whatever other rows share the call:
+    /// alone (the small-T kernel), with three others (small-T) or with six
+    /// others (the broadcast kernel).
+    #[test]
+    fn rows_are_batch_invariant() {
+        if !has_avx512() {
+            // The portable fallback sums rows in groups of 4 (not invariant).
+            eprintln!("SKIPPED: no AVX-512 on this CPU");
+            return;
+        }
+        let (n, k) = (70, 45);
+        let x: Vec<f32> = (0..7 * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        let run = |t: usize| {
+            let mut out = vec![f32::NAN; t * n];
+            matmul_xwt(&x[..t * k], t, &w, n, k, &mut out);
+            out
+        };
+        let (all, four) = (run(7), run(4));
+        for row in 0..7 {
+            let mut alone = vec![f32::NAN; n];
+            matmul_xwt(&x[row * k..(row + 1) * k], 1, &w, n, k, &mut alone);
+            assert!(
+                alone == all[row * n..(row + 1) * n],
+                "row {row}: alone vs 7"
+            );
+            if row < 4 {
+                assert!(
+                    alone == four[row * n..(row + 1) * n],
+                    "row {row}: alone vs 4"
+                );
+            }
+        }
+    }
 
     /// The path CPUs without AVX-512 take, checked on every machine.
     #[test]

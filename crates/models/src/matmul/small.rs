@@ -1,0 +1,162 @@
+//! The AVX-512 kernel for one to four activation rows (batch-1..4 decode),
+//! summing in exactly the order of [`super::bcast`].
+//!
+//! With so few rows the broadcast kernel wastes its lanes and needs one load
+//! per weight value. Here the lanes hold 16 weight rows instead: a 16×16 tile
+//! of weights (16 rows × 16 consecutive k) is loaded as 16 vectors and
+//! transposed in registers (64 shuffles), so column i of the tile is the i-th
+//! value of 16 rows, and each activation value is broadcast against it. Every
+//! output is still one FMA chain `acc = w·x + acc` over k in order, starting
+//! from zero — the same operations as the broadcast kernel — so a sequence's
+//! logits do not depend on whether it was decoded alone or in a batch.
+
+// Register tiles read best as explicit index loops.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use super::OutPtr;
+
+/// Weight rows per rayon task: two passes of 32.
+const ROWS_PER_TASK: usize = 64;
+/// Weight rows per pass: two tiles of 16, two independent FMA chains per
+/// activation row.
+const PASS_ROWS: usize = 32;
+
+/// `out[t, r] = x[t, :] · w[r, :]` for `t <= 4`.
+///
+/// # Safety
+/// AVX-512F must be available; `x` has `t` rows and `w` has `n` rows of `k`
+/// floats; `out` holds `t * n` floats that nothing else touches meanwhile.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn matmul(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: OutPtr) {
+    (0..n.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .for_each(move |task| {
+            let rows = (task * ROWS_PER_TASK, ((task + 1) * ROWS_PER_TASK).min(n));
+            // SAFETY: as the caller's; this task owns columns `rows` of out.
+            unsafe {
+                match t {
+                    1 => passes::<1>(x, w, n, k, rows, out),
+                    2 => passes::<2>(x, w, n, k, rows, out),
+                    3 => passes::<3>(x, w, n, k, rows, out),
+                    _ => passes::<4>(x, w, n, k, rows, out),
+                }
+            }
+        });
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn passes<const T: usize>(
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    (r0, r1): (usize, usize),
+    out: OutPtr,
+) {
+    let mut r = r0;
+    while r < r1 {
+        let rr = (r1 - r).min(PASS_ROWS);
+        // Rows past the end repeat the last valid one (results not stored).
+        let mut wp = [w.as_ptr(); PASS_ROWS];
+        for j in 0..PASS_ROWS {
+            wp[j] = w.as_ptr().add((r + j.min(rr - 1)) * k);
+        }
+        let mut acc = [[_mm512_setzero_ps(); 2]; T];
+        let mut k0 = 0;
+        while k0 < k {
+            let kc = (k - k0).min(16);
+            let mask = ((1u32 << kc) - 1) as __mmask16;
+            let mut tile = [[_mm512_setzero_ps(); 16]; 2];
+            for g in 0..2 {
+                for j in 0..16 {
+                    tile[g][j] = _mm512_maskz_loadu_ps(mask, wp[16 * g + j].add(k0));
+                }
+                transpose16(&mut tile[g]);
+            }
+            for i in 0..kc {
+                for tt in 0..T {
+                    let xv = _mm512_set1_ps(*x.as_ptr().add(tt * k + k0 + i));
+                    for g in 0..2 {
+                        acc[tt][g] = _mm512_fmadd_ps(tile[g][i], xv, acc[tt][g]);
+                    }
+                }
+            }
+            k0 += kc;
+        }
+        for tt in 0..T {
+            for g in 0..2 {
+                let valid = rr.saturating_sub(16 * g).min(16);
+                if valid > 0 {
+                    let m = ((1u32 << valid) - 1) as __mmask16;
+                    _mm512_mask_storeu_ps(out.0.add(tt * n + r + 16 * g), m, acc[tt][g]);
+                }
+            }
+        }
+        r += PASS_ROWS;
+    }
+}
+
+/// In-register transpose: row j lane i → row i lane j.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn transpose16(r: &mut [__m512; 16]) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for g in 0..4 {
+        let b = 4 * g;
+        let (t0, t1, t2, t3) = (
+            _mm512_castps_pd(t[b]),
+            _mm512_castps_pd(t[b + 1]),
+            _mm512_castps_pd(t[b + 2]),
+            _mm512_castps_pd(t[b + 3]),
+        );
+        r[b] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for h in 0..2 {
+        let b = 8 * h;
+        for i in 0..4 {
+            t[b + i] = _mm512_shuffle_f32x4::<0x88>(r[b + i], r[b + 4 + i]);
+            t[b + 4 + i] = _mm512_shuffle_f32x4::<0xdd>(r[b + i], r[b + 4 + i]);
+        }
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[8 + i]);
+        r[8 + i] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[8 + i]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose16_moves_row_j_lane_i_to_row_i_lane_j() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let m: Vec<f32> = (0..256).map(|i| i as f32).collect();
+        // SAFETY: AVX-512F was detected above; m holds 256 floats.
+        unsafe {
+            let mut r: [__m512; 16] =
+                std::array::from_fn(|j| _mm512_loadu_ps(m.as_ptr().add(16 * j)));
+            transpose16(&mut r);
+            for (i, v) in r.iter().enumerate() {
+                let mut o = [0f32; 16];
+                _mm512_storeu_ps(o.as_mut_ptr(), *v);
+                for (j, x) in o.iter().enumerate() {
+                    assert_eq!(*x, m[16 * j + i]);
+                }
+            }
+        }
+    }
+}
