@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use agentd_report::{Panel, Plot, Series, Table};
+use agentd_report::{Plot, Series, Table};
 use agentd_scheduler::{PolicyKind, SchedulerConfig};
 use agentd_sim::{RunResult, SimConfig, StepCost, Workload, H100_QWEN3_8B_FP8_KV_TOKENS};
 use anyhow::Context;
@@ -169,26 +169,12 @@ fn plot(runs: &[RunResult], args: &SimulateArgs) -> Plot {
             })
             .collect()
     };
-    Plot {
-        title: format!(
+    Plot::steps_and_hit_rate(
+        format!(
             "agentd simulate: {} workload, {} replica(s), {} KV tokens each",
             args.workload.name, args.replicas, args.kv_tokens
         ),
-        panels: vec![
-            Panel {
-                title: "Throughput".into(),
-                x_label: "concurrent programs".into(),
-                y_label: "steps / min".into(),
-                series: series(|r| r.steps_per_min),
-                y_from_zero: true,
-            },
-            Panel {
-                title: "Prefix-cache hit rate".into(),
-                x_label: "concurrent programs".into(),
-                y_label: "hit rate".into(),
-                series: series(|r| r.prefix_hit_rate),
-                y_from_zero: true,
-            },
-        ],
-    }
+        series(|r| r.steps_per_min),
+        series(|r| r.prefix_hit_rate),
+    )
 }

@@ -1,7 +1,7 @@
 //! The sweep's report: a table with each target's ratio to the first, and
 //! an SVG plot of steps/min and hit rate against concurrency.
 
-use agentd_report::{Panel, Plot, Series, Table};
+use agentd_report::{Plot, Series, Table};
 
 use crate::result::LevelRow;
 
@@ -155,25 +155,11 @@ pub fn plot(rows: &[LevelRow], title: &str) -> Plot {
             })
             .collect()
     };
-    Plot {
-        title: title.to_string(),
-        panels: vec![
-            Panel {
-                title: "Throughput".into(),
-                x_label: "concurrent programs".into(),
-                y_label: "steps / min".into(),
-                series: series(|r| r.steps_per_min),
-                y_from_zero: true,
-            },
-            Panel {
-                title: "Prefix-cache hit rate".into(),
-                x_label: "concurrent programs".into(),
-                y_label: "hit rate".into(),
-                series: series(|r| r.prefix_hit_rate),
-                y_from_zero: true,
-            },
-        ],
-    }
+    Plot::steps_and_hit_rate(
+        title.to_string(),
+        series(|r| r.steps_per_min),
+        series(|r| r.prefix_hit_rate),
+    )
 }
 
 #[cfg(test)]

@@ -65,6 +65,25 @@ fn fmt_tick(v: f64) -> String {
 }
 
 impl Plot {
+    /// The agentic report's plot: steps/min and prefix-cache hit rate against
+    /// concurrent programs, one line per target or policy in each panel.
+    pub fn steps_and_hit_rate(title: String, steps: Vec<Series>, hit: Vec<Series>) -> Plot {
+        let panel = |title: &str, y_label: &str, series| Panel {
+            title: title.into(),
+            x_label: "concurrent programs".into(),
+            y_label: y_label.into(),
+            series,
+            y_from_zero: true,
+        };
+        Plot {
+            title,
+            panels: vec![
+                panel("Throughput", "steps / min", steps),
+                panel("Prefix-cache hit rate", "hit rate", hit),
+            ],
+        }
+    }
+
     /// Renders the plot as a standalone SVG document.
     pub fn to_svg(&self) -> String {
         let w = PANEL_W * self.panels.len().max(1) as f64;
