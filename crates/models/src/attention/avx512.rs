@@ -85,7 +85,6 @@ unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * d];
     let mut p = vec![0f32; rows * KC];
-    let mut kt = vec![0f32; d * KC];
 
     // Start of key j's block (for this KV head) and its offset in the block.
     let key_at = |j: usize| -> (usize, usize) {
@@ -99,6 +98,12 @@ unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out
     // Chunks start at multiples of 16, so with such blocks a chunk never
     // straddles two blocks and its keys are contiguous in each K row.
     let direct = bs % KC == 0;
+    // Gathered keys (`[d, 16]`), for the other block sizes only.
+    let mut kt = if direct {
+        Vec::new()
+    } else {
+        vec![0f32; d * KC]
+    };
     let (kp, vp) = (job.kv.k.as_ptr(), job.kv.v.as_ptr());
     let end = first + hi; // keys 0..end are visible to some row of the task
     let mut j0 = 0;
