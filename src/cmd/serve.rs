@@ -79,6 +79,12 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// vLLM's KV-event publishing, same JSON: e.g. `{"enable_kv_cache_events":
+    /// true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
+    /// "tcp://*:5558", "topic": "kv", "buffer_steps": 10000}`; replica r uses
+    /// the ports + r and publishes as data-parallel rank r.
+    #[arg(long)]
+    pub kv_events_config: Option<String>,
     #[command(flatten)]
     pub sched: SchedulerArgs,
     #[command(flatten)]
@@ -192,6 +198,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         scheduler: args.sched.to_config(args.scheduler),
         max_model_len: args.max_model_len,
         threads_per_replica: args.threads_per_replica,
+        kv_events: super::kv_events::sink(
+            args.kv_events_config.as_deref(),
+            args.replicas,
+            args.sched.block_size,
+        )?,
         ..EngineConfig::default()
     };
     tracing::info!(?cfg, "starting engine");

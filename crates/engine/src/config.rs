@@ -1,5 +1,7 @@
 use agentd_scheduler::SchedulerConfig;
 
+use crate::KvEventSink;
+
 /// How the engine runs.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -23,6 +25,9 @@ pub struct EngineConfig {
     /// Cap on prompt + output tokens, below the model's own window
     /// (`max_position_embeddings`); `None` uses the model's.
     pub max_model_len: Option<usize>,
+    /// Where each step's KV cache events go (`--kv-events-config`); `None`
+    /// records nothing.
+    pub kv_events: Option<KvEventSink>,
 }
 
 impl Default for EngineConfig {
@@ -37,6 +42,7 @@ impl Default for EngineConfig {
             cache_salt: 0,
             max_model_len: None,
             threads_per_replica: None,
+            kv_events: None,
         }
     }
 }

@@ -146,12 +146,13 @@ impl Engine {
         let max_len = cfg.max_model_len.map_or(mc.max_position_embeddings, |m| {
             m.min(mc.max_position_embeddings)
         });
-        let core = Core::new(
+        let mut core = Core::new(
             cfg.clone(),
             mc.eos_token_ids.clone(),
             max_len,
             mc.vocab_size,
         );
+        core.enable_kv_events();
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
             wake: (0..cfg.replicas).map(|_| Condvar::new()).collect(),

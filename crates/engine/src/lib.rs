@@ -16,6 +16,7 @@ mod api;
 mod config;
 mod core;
 mod engine;
+mod kv_events;
 mod lifecycle;
 mod metrics;
 mod worker;
@@ -26,4 +27,5 @@ pub use api::{
 };
 pub use config::EngineConfig;
 pub use engine::{Engine, RequestStream, StartError};
+pub use kv_events::KvEventSink;
 pub use metrics::{Histogram, MetricsSnapshot};

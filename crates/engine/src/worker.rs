@@ -68,6 +68,7 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
                 core.abort_step(r, &plan);
             }
         }
+        core.flush_kv_events(r);
         drop(core);
         shared.wake_all();
     }

@@ -13,7 +13,7 @@ use tracing::trace;
 use crate::hash::{hash_block, hash_blocks};
 use crate::pool::Exclusivity;
 use crate::program::ProgramKv;
-use crate::{BlockHash, BlockId, BlockPool, KvError, ProgramId};
+use crate::{BlockHash, BlockId, BlockPool, KvError, KvEvent, ProgramId};
 
 /// Result of aligning a program's KV with the context it is about to extend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,6 +68,15 @@ impl KvCache {
 
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+    /// Records this replica's prefix-cache transitions from now on (see
+    /// [`crate::events`]); call on a fresh cache.
+    pub fn enable_events(&mut self) {
+        self.pool.enable_events();
+    }
+    /// The transitions since the last drain, oldest first (empty when off).
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.pool.drain_events()
     }
     pub fn pool(&self) -> &BlockPool {
         &self.pool
@@ -237,9 +246,10 @@ impl KvCache {
         for &t in tokens {
             kv.tail.push(t);
             if kv.tail.len() == bs {
-                let h = hash_block(kv.hashes.last().copied(), &kv.tail, self.salt);
+                let parent = kv.hashes.last().copied();
+                let h = hash_block(parent, &kv.tail, self.salt);
                 let b = kv.blocks[kv.hashes.len()];
-                self.pool.register_hash(b, h);
+                self.pool.register_hash(b, h, parent, &kv.tail);
                 kv.hashes.push(h);
                 kv.tail.clear();
             }

@@ -7,6 +7,8 @@
 //!   LRU of *evictable cached* blocks (free, but still carrying a valid content
 //!   hash) and the hash → block map.
 //! * [`hash`] — chained content hashes of full blocks (`h_i = H(h_{i-1}, tokens_i, salt)`).
+//! * [`events`] — the prefix cache's transitions (stored / removed / cleared)
+//!   for KV-aware routers, recorded only when enabled.
 //! * [`KvCache`] — per-program block tables kept *between* requests, prefix
 //!   matching, slot allocation, pause / restore / release, exact usage counts.
 //!
@@ -21,6 +23,7 @@
 
 mod cache;
 mod error;
+pub mod events;
 pub mod hash;
 mod lru;
 mod pool;
@@ -28,6 +31,7 @@ mod program;
 
 pub use cache::{CacheStats, KvCache, PrefixMatch, ProbeResult};
 pub use error::KvError;
+pub use events::KvEvent;
 pub use hash::BlockHash;
 pub use pool::{BlockId, BlockPool};
 pub use program::ProgramId;

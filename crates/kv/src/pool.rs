@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 
+use crate::events::{EventLog, KvEvent};
 use crate::lru::Lru;
 use crate::{BlockHash, ProgramId};
 
@@ -53,6 +54,8 @@ pub struct BlockPool {
     evictable: Lru,
     by_hash: HashMap<BlockHash, u32>,
     num_referenced: usize,
+    /// Hash transitions for KV-event subscribers; `None` (no cost) unless enabled.
+    events: Option<EventLog>,
 }
 
 impl BlockPool {
@@ -65,7 +68,24 @@ impl BlockPool {
             evictable: Lru::new(num_blocks),
             by_hash: HashMap::with_capacity(num_blocks),
             num_referenced: 0,
+            events: None,
         }
+    }
+
+    /// Starts recording hash transitions ([`KvEvent`]), beginning with
+    /// `Cleared`: subscribers drop whatever they knew of this replica.
+    pub(crate) fn enable_events(&mut self) {
+        let mut log = EventLog::default();
+        log.push(KvEvent::Cleared);
+        // Blocks hashed before recording began (none in a fresh pool) would
+        // otherwise be unknown to subscribers forever.
+        debug_assert!(self.by_hash.is_empty(), "enable events on a fresh pool");
+        self.events = Some(log);
+    }
+
+    /// The transitions recorded since the last drain, oldest first.
+    pub(crate) fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map_or_else(Vec::new, EventLog::drain)
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -103,8 +123,11 @@ impl BlockPool {
             Some(i) => i,
             None => {
                 let i = self.evictable.pop_front()?;
-                if let Some(h) = self.blocks[i as usize].hash.take() {
-                    self.by_hash.remove(&h);
+                if let Some(hash) = self.blocks[i as usize].hash.take() {
+                    self.by_hash.remove(&hash);
+                    if let Some(log) = &mut self.events {
+                        log.push(KvEvent::Removed { hash });
+                    }
                 }
                 i
             }
@@ -159,17 +182,37 @@ impl BlockPool {
         }
     }
 
-    /// Registers the content hash of a block that just became full. If another
-    /// block already carries this hash (two programs computed the same content
-    /// concurrently), this one stays unhashed and is simply freed when released:
-    /// the map must point at exactly one block per hash.
-    pub(crate) fn register_hash(&mut self, b: BlockId, h: BlockHash) -> bool {
+    /// Registers the content hash of a block that just became full (`tokens`,
+    /// chained on `parent`). If another block already carries this hash (two
+    /// programs computed the same content concurrently), this one stays
+    /// unhashed and is simply freed when released: the map must point at
+    /// exactly one block per hash, and the hash was already announced.
+    pub(crate) fn register_hash(
+        &mut self,
+        b: BlockId,
+        h: BlockHash,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) -> bool {
         if self.by_hash.contains_key(&h) {
             return false;
         }
         self.by_hash.insert(h, b.0);
         self.blocks[b.0 as usize].hash = Some(h);
+        if let Some(log) = &mut self.events {
+            log.push(KvEvent::Stored {
+                hash: h,
+                parent,
+                tokens: tokens.to_vec(),
+            });
+        }
         true
+    }
+
+    /// Every hash currently cached (referenced or evictable), for checks
+    /// against what subscribers rebuilt from the events.
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.by_hash.keys().copied()
     }
 
     /// Checks invariants 1 and 3 (see the crate docs); refcounts against the

@@ -1,8 +1,12 @@
 //! Property test: random interleavings of the allocator's operations keep every
 //! pool invariant (each block exactly one of free/evictable/referenced, refcounts
-//! equal table references, hash map consistent, exclusive counts exact).
+//! equal table references, hash map consistent, exclusive counts exact), and the
+//! KV events replayed by a subscriber rebuild exactly the set of cached hashes.
 
-use agentd_kv::{KvCache, ProgramId};
+use std::collections::HashSet;
+
+use agentd_kv::hash::hash_block;
+use agentd_kv::{BlockHash, KvCache, KvEvent, ProgramId};
 use proptest::prelude::*;
 
 const BS: usize = 4;
@@ -43,6 +47,9 @@ proptest! {
     #[test]
     fn random_operations_keep_invariants(ops in proptest::collection::vec(op(), 1..80)) {
         let mut kv = KvCache::new(24, BS, 0);
+        kv.enable_events();
+        // What a subscriber of the events knows is cached.
+        let mut seen: HashSet<BlockHash> = HashSet::new();
         // The engine-side context of each program.
         let mut ctx: Vec<Vec<u32>> = vec![Vec::new(); 6];
         for op in ops {
@@ -81,8 +88,31 @@ proptest! {
             if let Err(e) = kv.check_invariants() {
                 return Err(TestCaseError::fail(e));
             }
+            for e in kv.drain_events() {
+                apply(&mut seen, e)?;
+            }
             let pool = kv.pool();
             prop_assert_eq!(pool.num_free() + pool.num_evictable() + pool.num_referenced(), pool.num_blocks());
+            prop_assert_eq!(&seen, &pool.cached_hashes().collect::<HashSet<_>>());
         }
     }
+}
+
+/// A subscriber's view: each event must be a real transition (no double store,
+/// no removal of an unknown hash) and a stored hash must be its tokens' hash.
+fn apply(seen: &mut HashSet<BlockHash>, e: KvEvent) -> Result<(), TestCaseError> {
+    match e {
+        KvEvent::Stored {
+            hash,
+            parent,
+            tokens,
+        } => {
+            prop_assert_eq!(tokens.len(), BS);
+            prop_assert_eq!(hash, hash_block(parent, &tokens, 0));
+            prop_assert!(seen.insert(hash), "stored twice");
+        }
+        KvEvent::Removed { hash } => prop_assert!(seen.remove(&hash), "removed unknown"),
+        KvEvent::Cleared => seen.clear(),
+    }
+    Ok(())
 }
