@@ -5,12 +5,18 @@
 //! before penalties and temperature), with the top-k alternatives, as vLLM
 //! reports them by default.
 
-use std::collections::{HashMap, HashSet};
+mod kernels;
+mod penalties;
+mod select;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ModelError, Result};
+use penalties::Penalties;
+
+pub use kernels::argmax;
+pub use select::top_k_pairs;
 
 /// Request-level sampling options (OpenAI / vLLM semantics).
 #[derive(Debug, Clone, PartialEq)]
@@ -106,13 +112,14 @@ pub struct SampleOutput {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Sampling state of one sequence: its parameters, RNG and token history.
+/// Sampling state of one sequence: its parameters, RNG and penalty counts.
+/// `Send`, and a draw needs only `&mut self` and the row, so sequences can be
+/// sampled in parallel outside any engine lock.
 #[derive(Debug, Clone)]
 pub struct SequenceSampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
-    prompt_tokens: HashSet<u32>,
-    output_counts: HashMap<u32, u32>,
+    penalties: Option<Penalties>,
     generated: usize,
 }
 
@@ -122,8 +129,7 @@ impl SequenceSampler {
         let seed = params.seed.unwrap_or_else(|| rand::thread_rng().gen());
         Ok(SequenceSampler {
             rng: ChaCha8Rng::seed_from_u64(seed),
-            prompt_tokens: prompt.iter().copied().collect(),
-            output_counts: HashMap::new(),
+            penalties: Penalties::new(&params, prompt),
             generated: 0,
             params,
         })
@@ -142,27 +148,26 @@ impl SequenceSampler {
         if logits.is_empty() {
             return Err(ModelError::Sampling("empty logits".into()));
         }
-        let (logprob_of, top) = match self.params.logprobs {
-            Some(k) => {
-                let lp = log_softmax(logits);
-                let top = top_k_pairs(&lp, k);
-                (Some(lp), top)
-            }
-            None => (None, Vec::new()),
-        };
-        let mut work = logits.to_vec();
-        self.apply_penalties(&mut work);
+        let raw = self.params.logprobs.map(|n| raw_logprobs(logits, n));
+        let penalized = self.penalties.as_ref().map(|p| p.apply(logits));
+        let row = penalized.as_deref().unwrap_or(logits);
         let token = if self.params.temperature < 1e-5 {
-            argmax(&work)
+            argmax(row)
         } else {
-            self.sample_filtered(&mut work)
+            self.draw(row)
         };
         let token_id = token as u32;
-        *self.output_counts.entry(token_id).or_insert(0) += 1;
+        if let Some(p) = &mut self.penalties {
+            p.record(token_id);
+        }
         self.generated += 1;
+        let (logprob, top) = match raw {
+            Some((lse, top)) => (Some((logits[token] as f64 - lse) as f32), top),
+            None => (None, Vec::new()),
+        };
         Ok(SampleOutput {
             token_id,
-            logprob: logprob_of.map(|lp| lp[token]),
+            logprob,
             top,
         })
     }
@@ -180,87 +185,40 @@ impl SequenceSampler {
         }
     }
 
-    fn apply_penalties(&self, logits: &mut [f32]) {
-        let p = &self.params;
-        if p.repetition_penalty != 1.0 {
-            let seen = self
-                .prompt_tokens
-                .iter()
-                .chain(self.output_counts.keys())
-                .collect::<HashSet<_>>();
-            for &t in seen {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 {
-                        *l / p.repetition_penalty
-                    } else {
-                        *l * p.repetition_penalty
-                    };
-                }
-            }
-        }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            for (&t, &n) in &self.output_counts {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l -= p.frequency_penalty * n as f32 + p.presence_penalty;
-                }
-            }
-        }
-    }
-
-    /// Temperature, then top-k, top-p and min-p, then a draw from the rest.
-    fn sample_filtered(&mut self, logits: &mut [f32]) -> usize {
+    /// A draw at the temperature, from what top-k, top-p and min-p keep.
+    /// Temperature alone is one inverse-CDF walk over the row (max pass,
+    /// normaliser pass, one block re-weighed); filters work on candidates.
+    fn draw(&mut self, row: &[f32]) -> usize {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
-        logits.iter_mut().for_each(|l| *l *= inv_t);
-        // Candidates sorted by logit, best first. With top-k only k survive,
-        // so sort only those (the vocabulary is ~150k).
-        let mut cand: Vec<usize> = (0..logits.len()).collect();
-        let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, by_logit);
-            cand.truncate(p.top_k);
+        let m = kernels::max(row);
+        if !m.is_finite() {
+            // All -inf/NaN (nothing to weigh) or a +inf logit (certain).
+            return argmax(row);
         }
-        cand.sort_unstable_by(by_logit);
-        let max = logits[cand[0]];
-        let mut probs: Vec<f32> = cand.iter().map(|&i| (logits[i] - max).exp()).collect();
-        let z: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= z);
-        let mut keep = probs.len();
-        if p.top_p < 1.0 {
-            let mut cum = 0.0;
-            for (i, q) in probs.iter().enumerate() {
-                cum += q;
-                if cum >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
+        let u = self.rng.gen::<f64>();
+        let filtered = (p.top_k > 0 && p.top_k < row.len()) || p.top_p < 1.0 || p.min_p > 0.0;
+        if !filtered {
+            let mut blocks = Vec::new();
+            let z = kernels::block_sums(row, m, inv_t, &mut blocks);
+            return kernels::draw(row, m, inv_t, &blocks, u * z);
         }
-        if p.min_p > 0.0 {
-            let floor = p.min_p * probs[0];
-            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
-        }
-        let total: f32 = probs[..keep].iter().sum();
-        let mut u = self.rng.gen::<f32>() * total;
-        for (i, q) in probs[..keep].iter().enumerate() {
-            if u < *q {
-                return cand[i];
-            }
-            u -= q;
-        }
-        cand[keep - 1]
+        let kept = select::kept(row, m, inv_t, p);
+        select::draw(&kept, u).map_or_else(|| argmax(row), |t| t as usize)
     }
 }
 
-/// Index of the largest value (the lowest index among ties).
-pub fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
+/// `log Σ e^x` of the raw row and its `n` best `(token, logprob)`, by one max
+/// pass, one exp-sum pass and a partial selection.
+fn raw_logprobs(logits: &[f32], n: usize) -> (f64, Vec<(u32, f32)>) {
+    let m = kernels::max(logits);
+    let mut blocks = Vec::new();
+    let lse = m as f64 + kernels::block_sums(logits, m, 1.0, &mut blocks).ln();
+    let top = top_k_pairs(logits, n)
+        .into_iter()
+        .map(|(t, x)| (t, (x as f64 - lse) as f32))
+        .collect();
+    (lse, top)
 }
 
 /// `log_softmax(v)`, accumulated in f64.
@@ -271,24 +229,10 @@ pub fn log_softmax(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| (x as f64 - lse) as f32).collect()
 }
 
-/// The `k` largest `(index, value)` pairs, best first (lower index on ties).
-pub fn top_k_pairs(v: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let k = k.min(v.len());
-    if k == 0 {
-        return Vec::new();
-    }
-    let mut idx: Vec<usize> = (0..v.len()).collect();
-    let cmp = |a: &usize, b: &usize| v[*b].total_cmp(&v[*a]).then(a.cmp(b));
-    if k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, cmp);
-        idx.truncate(k);
-    }
-    idx.sort_unstable_by(cmp);
-    idx.into_iter().map(|i| (i as u32, v[i])).collect()
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     fn sampler(p: SamplingParams) -> SequenceSampler {
@@ -303,11 +247,20 @@ mod tests {
         });
         let out = s.sample(&[0.1, 2.0, 1.0, -1.0]).unwrap();
         assert_eq!(out.token_id, 1);
+        // The sampler's one-pass log-softmax agrees with the f64 reference.
         let lp = log_softmax(&[0.1, 2.0, 1.0, -1.0]);
-        assert_eq!(out.logprob, Some(lp[1]));
-        assert_eq!(out.top, vec![(1, lp[1]), (2, lp[2])]);
+        let close = |a: f32, b: f32| (a - b).abs() < 1e-6;
+        assert!(close(out.logprob.unwrap(), lp[1]));
+        assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2]);
+        assert!(close(out.top[0].1, lp[1]) && close(out.top[1].1, lp[2]));
         let z: f64 = lp.iter().map(|&l| (l as f64).exp()).sum();
         assert!((z - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sampler_can_move_to_a_worker_thread() {
+        fn send<T: Send + 'static>(_: &T) {}
+        send(&sampler(SamplingParams::default()));
     }
 
     #[test]
