@@ -22,6 +22,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::program_id::ProgramRef;
+use crate::responses::store::ResponseStore;
 use crate::routes;
 
 /// How long a shutdown with `--reclaim-on-exit` waits for the reclaims.
@@ -42,6 +43,9 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Tool resources of the programs (DESIGN §7).
     pub tools: Arc<Tools>,
+    /// Stored responses of `/v1/responses` (bounded; see
+    /// [`crate::responses::store`]). Public so tests can shrink its bounds.
+    pub responses: ResponseStore,
     /// The engine's program ends, subscribed at construction (so none is
     /// missed) and taken by [`serve`], which hands them to `tools`.
     ended: Mutex<Option<UnboundedReceiver<ProgramEnded>>>,
@@ -127,6 +131,7 @@ impl AppState {
             max_model_len,
             api_key,
             tools,
+            responses: ResponseStore::default(),
             ended,
             next_id: AtomicU64::new(0),
         })
@@ -182,6 +187,12 @@ pub fn router(state: SharedState) -> Router {
     let protected = Router::new()
         .route("/v1/chat/completions", post(routes::chat::handle))
         .route("/v1/completions", post(routes::completions::handle))
+        .route("/v1/responses", post(routes::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(routes::responses::retrieve).delete(routes::responses::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(routes::responses::cancel))
         .route("/v1/models", get(routes::info::models))
         .route("/metrics", get(routes::info::metrics))
         .route("/programs", get(routes::programs::list))

@@ -27,6 +27,8 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("program `{0}` does not exist")]
     ProgramNotFound(String),
+    #[error("Response with id '{0}' not found.")]
+    ResponseNotFound(String),
     #[error("missing or invalid API key")]
     Unauthorized,
     /// The request clashes with the current state (a resource being
@@ -55,7 +57,9 @@ impl ApiError {
             ApiError::BadJson(_) | ApiError::InvalidParam { .. } | ApiError::ContextTooLong(_) => {
                 StatusCode::BAD_REQUEST
             }
-            ApiError::ModelNotFound(_) | ApiError::ProgramNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_)
+            | ApiError::ProgramNotFound(_)
+            | ApiError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -70,7 +74,9 @@ impl ApiError {
             ApiError::BadJson(_) | ApiError::InvalidParam { .. } | ApiError::ContextTooLong(_) => {
                 "invalid_request_error"
             }
-            ApiError::ModelNotFound(_) | ApiError::ProgramNotFound(_) => "NotFoundError",
+            ApiError::ModelNotFound(_)
+            | ApiError::ProgramNotFound(_)
+            | ApiError::ResponseNotFound(_) => "NotFoundError",
             ApiError::Unauthorized => "authentication_error",
             ApiError::Conflict(_) => "conflict_error",
             ApiError::Overloaded(_) => "rate_limit_error",

@@ -5,6 +5,9 @@
 //!   `/health`, `/metrics`, `/programs`, `/programs/release`, and the tool
 //!   side of a program: `/programs/{id}`, `/programs/{id}/resources`,
 //!   `/programs/{id}/environment` (DESIGN §7, in `agentd-tools`).
+//! - [`responses`]: `/v1/responses` (a response chain is a program), its
+//!   store and its output items; [`chat_prompt`]: the chat-template path
+//!   it shares with `/v1/chat/completions`.
 //! - [`protocol`]: OpenAI wire types; [`sampling`]: request fields → engine
 //!   sampling parameters; [`program_id`]: which program a request belongs to.
 //! - [`generation`]: engine token events → text pieces (detokenisation, stop
@@ -13,12 +16,14 @@
 //!   errors with their HTTP status.
 
 pub mod app;
+pub mod chat_prompt;
 pub mod choices;
 pub mod error;
 pub mod generation;
 pub mod metrics;
 pub mod program_id;
 pub mod protocol;
+pub mod responses;
 pub mod routes;
 pub mod sampling;
 pub mod sse;

@@ -24,6 +24,18 @@ pub fn event(value: &impl Serialize) -> Bytes {
     Bytes::from(format!("data: {json}\n\n"))
 }
 
+/// One event with an `event:` name line, as the Responses API frames them
+/// (`event: response.output_text.delta`).
+pub fn named_event(name: &str, value: &impl Serialize) -> Bytes {
+    let data = event(value);
+    let mut out = Vec::with_capacity(name.len() + 8 + data.len());
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.push(b'\n');
+    out.extend_from_slice(&data);
+    Bytes::from(out)
+}
+
 /// A streaming response. When the client goes away hyper drops the body,
 /// and with it the stream and the engine request inside it (cancelling it).
 pub fn response(stream: impl Stream<Item = Bytes> + Send + 'static) -> Response {

@@ -1,18 +1,16 @@
 //! `POST /v1/chat/completions`: messages → chat template → engine → text →
 //! `reasoning_content` / `content` / `tool_calls`, whole or streamed.
 
-use agentd_chat::{
-    parse_output, ChatDelta, OutputOptions, ReasoningMode, RenderOptions, StreamParser, ToolCallIds,
-};
+use agentd_chat::{parse_output, ChatDelta, OutputOptions, StreamParser, ToolCallIds};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
-use serde_json::Value as Json_;
 
 use crate::app::{parse_json, SharedState};
+use crate::chat_prompt::{self, ChatInput};
 use crate::choices::{self, Choice, ChoiceStep, ResponseMeta};
 use crate::error::ApiError;
 use crate::generation::{Generation, Step};
@@ -30,24 +28,18 @@ pub async fn handle(
     let req: ChatCompletionRequest = parse_json(&body)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
-    let template = state.template.as_ref().ok_or_else(|| {
-        ApiError::invalid(
-            "messages",
-            "this model has no chat template (no tokenizer_config.json); use /v1/completions",
-        )
-    })?;
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    let continue_final = req.continue_final_message.unwrap_or(false);
-    let opts = RenderOptions {
-        add_generation_prompt: req.add_generation_prompt.unwrap_or(!continue_final),
-        continue_final_message: continue_final,
-        chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
-    };
-    let tools = req.tools.as_deref().filter(|t| !t.is_empty());
-    let text = template.render(&req.messages, tools, &opts)?;
-    let prompt = state.tokenizer.encode(&text, false)?;
+    let prompt = chat_prompt::render(
+        &state,
+        &ChatInput {
+            messages: &req.messages,
+            tools: req.tools.as_deref(),
+            tool_choice: req.tool_choice.as_ref(),
+            chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+            add_generation_prompt: req.add_generation_prompt,
+            continue_final_message: req.continue_final_message.unwrap_or(false),
+        },
+    )?;
+    let (prompt, output) = (prompt.tokens, prompt.output);
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), k) => Some(k.unwrap_or(0)),
         (_, Some(_)) => {
@@ -59,14 +51,6 @@ pub async fn handle(
         _ => None,
     };
     let sampling = sampling::build(&req.common, top, prompt.len(), state.max_model_len)?;
-    // `tool_choice: "none"` keeps the tools in the prompt (as vLLM) but the
-    // output is not parsed for calls.
-    let parse_tools =
-        tools.is_some() && !matches!(&req.tool_choice, Some(Json_::String(s)) if s == "none");
-    let output = OutputOptions {
-        reasoning: ReasoningMode::from_enable_thinking(opts.enable_thinking()),
-        tool_calls: parse_tools,
-    };
     let n = choices::count(req.common.n, 1)?;
     tracing::info!(
         program = ?program.program,
@@ -74,7 +58,7 @@ pub async fn handle(
         max_tokens = sampling.params.max_tokens,
         n,
         stream = req.common.stream,
-        tools = parse_tools,
+        tools = output.tool_calls,
         "chat completion"
     );
     let choices = choices::submit(&state, &program, vec![(prompt, sampling)], n, top.is_some())?;

@@ -4,4 +4,5 @@ pub mod chat;
 pub mod completions;
 pub mod info;
 pub mod programs;
+pub mod responses;
 pub mod tools;

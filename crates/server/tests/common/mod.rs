@@ -89,6 +89,11 @@ pub fn start_dir(dir: &Path, name: &str, api_key: Option<&str>, cfg: EngineConfi
     spawn_server(state, std::future::pending()).0
 }
 
+/// Serves a state the test built itself (custom bounds); never stops.
+pub fn start_state(state: Arc<AppState>) -> SocketAddr {
+    spawn_server(state, std::future::pending()).0
+}
+
 /// A server with its tool side configured, and a way to stop it.
 pub struct Server {
     pub addr: SocketAddr,

@@ -1,0 +1,75 @@
+//! Messages + tools → prompt tokens and how to read the output: the one
+//! chat-template path shared by `/v1/chat/completions` and `/v1/responses`.
+
+use agentd_chat::{ChatMessage, OutputOptions, ReasoningMode, RenderOptions};
+use serde_json::{Map, Value as Json};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// What a chat-shaped request renders from.
+pub struct ChatInput<'a> {
+    pub messages: &'a [ChatMessage],
+    /// OpenAI chat-completions tool definitions (`{"type": "function",
+    /// "function": {...}}`); empty or `None` means no tools.
+    pub tools: Option<&'a [Json]>,
+    /// `tool_choice` as sent (`"none"`, `"auto"`, `"required"` or a named
+    /// function).
+    pub tool_choice: Option<&'a Json>,
+    pub chat_template_kwargs: Map<String, Json>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: bool,
+}
+
+/// The rendered prompt and the parsing rules of its output.
+pub struct ChatPrompt {
+    /// The template's output, before tokenisation.
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub output: OutputOptions,
+}
+
+/// Renders `input` with the model's chat template and tokenises it.
+pub fn render(state: &AppState, input: &ChatInput<'_>) -> Result<ChatPrompt, ApiError> {
+    let (text, output) = render_text(state, input)?;
+    let tokens = state.tokenizer.encode(&text, false)?;
+    Ok(ChatPrompt {
+        text,
+        tokens,
+        output,
+    })
+}
+
+/// Renders `input` with the model's chat template, without tokenising.
+pub fn render_text(
+    state: &AppState,
+    input: &ChatInput<'_>,
+) -> Result<(String, OutputOptions), ApiError> {
+    let template = state.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template (no tokenizer_config.json); use /v1/completions",
+        )
+    })?;
+    if input.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let opts = RenderOptions {
+        add_generation_prompt: input
+            .add_generation_prompt
+            .unwrap_or(!input.continue_final_message),
+        continue_final_message: input.continue_final_message,
+        chat_template_kwargs: input.chat_template_kwargs.clone(),
+    };
+    let tools = input.tools.filter(|t| !t.is_empty());
+    let text = template.render(input.messages, tools, &opts)?;
+    // `tool_choice: "none"` keeps the tools in the prompt (as vLLM) but the
+    // output is not parsed for calls.
+    let parse_tools =
+        tools.is_some() && !matches!(input.tool_choice, Some(Json::String(s)) if s == "none");
+    let output = OutputOptions {
+        reasoning: ReasoningMode::from_enable_thinking(opts.enable_thinking()),
+        tool_calls: parse_tools,
+    };
+    Ok((text, output))
+}

@@ -1,0 +1,218 @@
+//! Stored responses: what `GET /v1/responses/{id}` returns and what
+//! `previous_response_id` continues. Bounded in count and age; a chain's
+//! program is released when its last stored response leaves the store
+//! (evicted, expired or deleted), so its KV does not outlive the chain.
+//!
+//! Eviction is lazy (on every store call): the engine's own inactivity lease
+//! ends idle programs meanwhile, so an idle server loses nothing by it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use agentd_chat::ChatMessage;
+use tokio::sync::Notify;
+
+use super::continuation::Turn;
+use super::protocol::ResponseObject;
+
+/// Default most responses kept: at ~10 KB of history each, ~40 MB.
+pub const DEFAULT_MAX_RESPONSES: usize = 4096;
+/// Default age after which a stored response (and its chain, when it was the
+/// last one) is dropped.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+
+/// One stored response.
+#[derive(Clone)]
+pub struct Stored {
+    pub object: ResponseObject,
+    /// The conversation up to and including this response's output, without
+    /// `instructions` (OpenAI does not carry them over a chain).
+    pub history: Arc<Vec<ChatMessage>>,
+    /// Its tokens, for the next turn to extend the program's KV exactly
+    /// (empty until it finished).
+    pub turn: Arc<Turn>,
+}
+
+struct Entry {
+    stored: Stored,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<String, Entry>,
+    /// Ids in insertion order (oldest first); may hold deleted ids.
+    order: VecDeque<String>,
+    /// Stored responses per program.
+    programs: HashMap<String, usize>,
+    /// Responses being generated, with what wakes them to cancel.
+    running: HashMap<String, Arc<Notify>>,
+}
+
+pub struct ResponseStore {
+    inner: Mutex<Inner>,
+    max: usize,
+    ttl: Duration,
+}
+
+impl Default for ResponseStore {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_RESPONSES, DEFAULT_TTL)
+    }
+}
+
+impl ResponseStore {
+    pub fn new(max: usize, ttl: Duration) -> Self {
+        ResponseStore {
+            inner: Mutex::new(Inner::default()),
+            max: max.max(1),
+            ttl,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores (or updates) a response; returns the programs that ended
+    /// because older responses were evicted, for the caller to release.
+    pub fn put(&self, stored: Stored) -> Vec<String> {
+        let mut inner = self.lock();
+        let id = stored.object.id.clone();
+        if let Some(e) = inner.entries.get_mut(&id) {
+            e.stored = stored;
+        } else {
+            *inner
+                .programs
+                .entry(stored.object.program_id.clone())
+                .or_default() += 1;
+            inner.order.push_back(id.clone());
+            let expires = Instant::now() + self.ttl;
+            inner.entries.insert(id, Entry { stored, expires });
+        }
+        self.evict(&mut inner)
+    }
+
+    /// A live stored response, and programs that ended by expiry.
+    pub fn get(&self, id: &str) -> (Option<Stored>, Vec<String>) {
+        let mut inner = self.lock();
+        let ended = self.evict(&mut inner);
+        (inner.entries.get(id).map(|e| e.stored.clone()), ended)
+    }
+
+    /// Deletes a response; `None` if unknown. The program is returned when
+    /// this was its last stored response.
+    pub fn remove(&self, id: &str) -> Option<(Stored, Option<String>)> {
+        let mut inner = self.lock();
+        let e = inner.entries.remove(id)?;
+        let ended = unref(&mut inner, &e.stored.object.program_id);
+        Some((e.stored, ended))
+    }
+
+    fn evict(&self, inner: &mut Inner) -> Vec<String> {
+        let now = Instant::now();
+        let mut ended = Vec::new();
+        while let Some(id) = inner.order.front().cloned() {
+            let expired = match inner.entries.get(&id) {
+                None => true, // deleted earlier: just drop the id
+                Some(e) => e.expires <= now || inner.entries.len() > self.max,
+            };
+            if !expired {
+                break;
+            }
+            inner.order.pop_front();
+            if let Some(e) = inner.entries.remove(&id) {
+                tracing::debug!(response = %id, "stored response evicted");
+                ended.extend(unref(inner, &e.stored.object.program_id));
+            }
+        }
+        ended
+    }
+
+    /// Registers a running response; the returned notify fires on cancel.
+    pub fn start(&self, id: &str) -> Arc<Notify> {
+        let n = Arc::new(Notify::new());
+        self.lock().running.insert(id.to_string(), n.clone());
+        n
+    }
+
+    pub fn stop(&self, id: &str) {
+        self.lock().running.remove(id);
+    }
+
+    /// Cancels a running response; false when it is not running.
+    pub fn cancel(&self, id: &str) -> bool {
+        match self.lock().running.get(id) {
+            Some(n) => {
+                // `notify_one` keeps a permit if nobody waits yet.
+                n.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One stored response of `program` fewer; the program when none is left.
+fn unref(inner: &mut Inner, program: &str) -> Option<String> {
+    let n = inner.programs.get_mut(program)?;
+    *n = n.saturating_sub(1);
+    if *n > 0 {
+        return None;
+    }
+    inner.programs.remove(program);
+    Some(program.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::responses::protocol::ResponsesRequest;
+
+    fn stored(id: &str, program: &str) -> Stored {
+        let req: ResponsesRequest = serde_json::from_str(r#"{"input":"x"}"#).unwrap();
+        Stored {
+            object: ResponseObject::started(id.into(), "m".into(), &req, program.into()),
+            history: Arc::new(Vec::new()),
+            turn: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn count_bound_evicts_oldest_and_ends_its_program_last() {
+        let s = ResponseStore::new(2, DEFAULT_TTL);
+        assert!(s.put(stored("a", "p")).is_empty());
+        assert!(s.put(stored("b", "p")).is_empty());
+        // "a" goes; "p" still has "b".
+        assert!(s.put(stored("c", "q")).is_empty());
+        assert!(s.get("a").0.is_none());
+        // "b" goes, and with it the last response of "p".
+        assert_eq!(s.put(stored("d", "q")), vec!["p".to_string()]);
+        let (_, ended) = s.remove("c").unwrap();
+        assert_eq!(ended, None);
+        assert_eq!(s.remove("d").unwrap().1.as_deref(), Some("q"));
+        assert!(s.remove("d").is_none());
+    }
+
+    #[test]
+    fn ttl_expires_responses() {
+        let s = ResponseStore::new(10, Duration::from_millis(20));
+        s.put(stored("a", "p"));
+        assert!(s.get("a").0.is_some());
+        std::thread::sleep(Duration::from_millis(30));
+        let (got, ended) = s.get("a");
+        assert!(got.is_none());
+        assert_eq!(ended, vec!["p".to_string()]);
+    }
+
+    #[test]
+    fn cancel_reaches_a_running_response_only() {
+        let s = ResponseStore::default();
+        assert!(!s.cancel("a"));
+        let _n = s.start("a");
+        assert!(s.cancel("a"));
+        s.stop("a");
+        assert!(!s.cancel("a"));
+    }
+}
