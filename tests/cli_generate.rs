@@ -30,7 +30,13 @@ fn json_of(out: &std::process::Output) -> Value {
 
 #[test]
 fn generate_json_matches_transformers_greedy() {
-    for name in ["gqa4-tied", "gqa2-untied"] {
+    for name in [
+        "gqa4-tied",
+        "gqa2-untied",
+        "glm4-gqa1-tied",
+        "qwen3moe-gqa2",
+        "glm4moe-gqa1-tied",
+    ] {
         let dir = repo().join("tests/fixtures/golden").join(name);
         let golden: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())

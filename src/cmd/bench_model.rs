@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use agentd_models::loader::checkpoint_files;
 use agentd_models::sampling::argmax;
-use agentd_models::{BatchBuilder, LogitsFor, Qwen3Model};
+use agentd_models::{BatchBuilder, LogitsFor, Model};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::qwen3 as stock;
@@ -60,7 +60,7 @@ fn prompts(batch: usize, len: usize, vocab: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn bench_ours(model: &Qwen3Model, a: &BenchModelArgs, batch: usize) -> Result<Figures> {
+fn bench_ours(model: &Model, a: &BenchModelArgs, batch: usize) -> Result<Figures> {
     let vocab = model.config().vocab_size;
     let mut seqs = prompts(batch, a.prompt_len, vocab);
     let bs = a.block_size;
@@ -143,7 +143,7 @@ fn load_stock(dir: &std::path::Path) -> Result<stock::ModelForCausalLM> {
 
 pub fn run(a: BenchModelArgs) -> Result<()> {
     tracing::info!(model = %a.model.display(), "loading model");
-    let model = Qwen3Model::load(&a.model)?;
+    let model = Model::load(&a.model)?;
     let vocab = model.config().vocab_size;
     let mut baseline = if a.no_baseline {
         None

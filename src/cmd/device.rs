@@ -12,7 +12,7 @@ pub fn start_cuda(model_dir: &Path, cfg: EngineConfig, dtype: &str) -> Result<En
 
     use agentd_cuda::{Dtype, Gpu, GpuQwen3, GpuRunner};
     use agentd_models::loader::Weights;
-    use agentd_models::{Qwen3Config, StepRunner};
+    use agentd_models::{ModelConfig, StepRunner};
     use anyhow::Context;
 
     let dtype = match dtype {
@@ -24,7 +24,7 @@ pub fn start_cuda(model_dir: &Path, cfg: EngineConfig, dtype: &str) -> Result<En
         Gpu::available(),
         "--device cuda: no CUDA driver or device on this machine"
     );
-    let mc = Qwen3Config::from_dir(model_dir)
+    let mc = ModelConfig::from_dir(model_dir)
         .with_context(|| format!("reading {}", model_dir.display()))?;
     tracing::info!(dir = %model_dir.display(), "loading weights for the GPU");
     let weights = Weights::from_dir(model_dir, &candle_core::Device::Cpu)?;

@@ -7,8 +7,7 @@ use std::time::Instant;
 
 use agentd_models::sampling::FinishReason;
 use agentd_models::{
-    BatchBuilder, IncrementalDecoder, LogitsFor, Qwen3Model, SamplingParams, SequenceSampler,
-    Tokenizer,
+    BatchBuilder, IncrementalDecoder, LogitsFor, Model, SamplingParams, SequenceSampler, Tokenizer,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -91,7 +90,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let t0 = Instant::now();
     tracing::info!(model = %args.model.display(), "loading model");
-    let model = Qwen3Model::load(&args.model)
+    let model = Model::load(&args.model)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
     let cfg = model.config().clone();
     tracing::info!(

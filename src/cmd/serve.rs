@@ -165,7 +165,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let name = args.served_model_name.clone().unwrap_or(default_name);
     let num_blocks = match args.kv_cache_memory {
         Some(bytes) => {
-            let mc = agentd_models::Qwen3Config::from_dir(&model_dir)
+            let mc = agentd_models::ModelConfig::from_dir(&model_dir)
                 .with_context(|| format!("reading {}", model_dir.display()))?;
             // The CPU cache holds f32, the CUDA cache 16-bit values.
             let shrink = if args.device == "cuda" { 2 } else { 1 };

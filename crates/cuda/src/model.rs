@@ -86,6 +86,12 @@ pub struct GpuQwen3 {
 }
 
 fn check_config(cfg: &Qwen3Config) -> Result<()> {
+    if cfg.family != agentd_models::Family::Qwen3 {
+        return Err(CudaError::Unsupported(format!(
+            "model_type {} (the CUDA backend runs qwen3 only; serve it with --device cpu)",
+            cfg.family
+        )));
+    }
     if cfg.attention_bias {
         return Err(CudaError::Unsupported(
             "attention_bias (no Qwen3 checkpoint uses it)".into(),

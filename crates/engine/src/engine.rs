@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use agentd_models::{CpuRunner, ModelError, Qwen3Config, Qwen3Model, StepRunner};
+use agentd_models::{CpuRunner, Model, ModelConfig, ModelError, StepRunner};
 use tokio::sync::mpsc;
 use tracing::info;
 
@@ -28,7 +28,7 @@ pub enum StartError {
 struct Inner {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    config: Qwen3Config,
+    config: ModelConfig,
     max_model_len: usize,
 }
 
@@ -84,13 +84,13 @@ impl Engine {
     /// Loads the model from a Hugging Face directory and starts one worker per replica.
     pub fn start(model_dir: &Path, cfg: EngineConfig) -> Result<Self, StartError> {
         info!(dir = %model_dir.display(), "loading model");
-        let model = Qwen3Model::load(model_dir)?;
+        let model = Model::load(model_dir)?;
         Self::with_model(Arc::new(model), cfg)
     }
 
     /// Starts on the CPU runtime: one [`CpuRunner`] per replica, the cores
     /// split between them unless `threads_per_replica` says otherwise.
-    pub fn with_model(model: Arc<Qwen3Model>, cfg: EngineConfig) -> Result<Self, StartError> {
+    pub fn with_model(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, StartError> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads_each = cfg
             .threads_per_replica
@@ -115,7 +115,7 @@ impl Engine {
     /// cache of `cfg.num_blocks` blocks of `cfg.block_size` tokens): the
     /// CPU runtime, the CUDA backend, or any other [`StepRunner`].
     pub fn with_runners(
-        mc: Qwen3Config,
+        mc: ModelConfig,
         runners: Vec<Box<dyn StepRunner>>,
         cfg: EngineConfig,
     ) -> Result<Self, StartError> {
@@ -218,7 +218,7 @@ impl Engine {
         self.inner.max_model_len
     }
 
-    pub fn model_config(&self) -> &Qwen3Config {
+    pub fn model_config(&self) -> &ModelConfig {
         &self.inner.config
     }
 

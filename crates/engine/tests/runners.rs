@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use agentd_engine::{Engine, EngineConfig, Event, FinishReason, GenerateRequest, StartError};
-use agentd_models::{BatchInput, CpuRunner, ModelError, Qwen3Model, SamplingParams, StepRunner};
+use agentd_models::{BatchInput, CpuRunner, Model, ModelError, SamplingParams, StepRunner};
 
-fn model() -> Arc<Qwen3Model> {
+fn model() -> Arc<Model> {
     let dir =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/gqa2-untied");
-    Arc::new(Qwen3Model::load(&dir).expect("fixture loads"))
+    Arc::new(Model::load(&dir).expect("fixture loads"))
 }
 
 fn config() -> EngineConfig {

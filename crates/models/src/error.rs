@@ -29,12 +29,6 @@ pub enum ModelError {
         field: &'static str,
         reason: String,
     },
-    #[error("{path}: unsupported architecture {found:?} (supported: {supported})")]
-    UnsupportedArchitecture {
-        path: PathBuf,
-        found: Vec<String>,
-        supported: &'static str,
-    },
     #[error("tensor `{tensor}` not found in {files}")]
     MissingTensor { tensor: String, files: String },
     #[error("{file}: tensor `{tensor}` has shape {found:?}, expected {expected:?}")]

@@ -6,8 +6,9 @@ use std::sync::OnceLock;
 use candle_core::{Storage, Tensor};
 use rayon::prelude::*;
 
-use crate::config::{Qwen3Config, RopeScaling};
+use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::loader::Weights;
 use crate::matmul::{has_avx512, matmul_xwt};
 use crate::simd;
 
@@ -148,9 +149,10 @@ pub struct RopeBatch {
     half: usize,
 }
 
-/// Inverse frequencies of a config (as transformers computes them, in f32).
-pub fn inv_freq(cfg: &Qwen3Config) -> Vec<f32> {
-    let d = cfg.head_dim;
+/// Inverse frequencies of a config (as transformers computes them, in f32),
+/// one per rotated pair: `rotary_dim / 2` of them.
+pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
+    let d = cfg.rotary_dim;
     let factor = match cfg.rope_scaling {
         RopeScaling::None => 1.0,
         RopeScaling::Linear { factor } => factor as f32,
@@ -161,6 +163,16 @@ pub fn inv_freq(cfg: &Qwen3Config) -> Vec<f32> {
             1.0 / (cfg.rope_theta as f32).powf(exponent) / factor
         })
         .collect()
+}
+
+/// Which dims of a head's rotated part RoPE pairs up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dim `i` with dim `i + rotary_dim / 2` (transformers' `rotate_half`;
+    /// Qwen3, Qwen3-MoE, GLM-4.5).
+    Neox,
+    /// Dims `2i` and `2i + 1` (GLM-4-0414's `rotate_half_llm`).
+    Interleaved,
 }
 
 impl RopeBatch {
@@ -192,15 +204,17 @@ impl RopeBatch {
 }
 
 /// Applies, to each head of each token of `buf` (`[T, heads, head_dim]`),
-/// RMSNorm with `weight` (Qwen3's q_norm / k_norm) then neox-style RoPE
-/// (rotating the first half of the head against the second).
+/// RMSNorm with `norm` when given (Qwen3's q_norm / k_norm) then RoPE on the
+/// head's first `2 * inv_freq.len()` dims (the rest pass through: GLM's
+/// partial rotary), pairing dims as `style` says.
 pub fn head_norm_rope(
     buf: &mut [f32],
     heads: usize,
     head_dim: usize,
-    weight: &[f32],
+    norm: Option<&[f32]>,
     eps: f32,
     rope: &RopeBatch,
+    style: RopeStyle,
 ) {
     let half = rope.half;
     buf.par_chunks_mut(heads * head_dim)
@@ -209,22 +223,57 @@ pub fn head_norm_rope(
             let cos = &rope.cos[t * half..(t + 1) * half];
             let sin = &rope.sin[t * half..(t + 1) * half];
             for x in tok.chunks_mut(head_dim) {
-                let ms = simd::dot(x, x) / head_dim as f32;
-                let inv = 1.0 / (ms + eps).sqrt();
-                for (v, w) in x.iter_mut().zip(weight) {
-                    *v = *v * inv * w;
+                if let Some(weight) = norm {
+                    let ms = simd::dot(x, x) / head_dim as f32;
+                    let inv = 1.0 / (ms + eps).sqrt();
+                    for (v, w) in x.iter_mut().zip(weight) {
+                        *v = *v * inv * w;
+                    }
                 }
-                let (a, b) = x.split_at_mut(half);
-                for i in 0..half {
-                    let (x1, x2) = (a[i], b[i]);
-                    a[i] = x1 * cos[i] - x2 * sin[i];
-                    b[i] = x2 * cos[i] + x1 * sin[i];
-                }
+                rotate(&mut x[..2 * half], cos, sin, style);
             }
         });
+}
+
+/// Rotates the pairs of one head's rotated part `x` (`2 * cos.len()` dims).
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    match style {
+        RopeStyle::Neox => {
+            let (a, b) = x.split_at_mut(half);
+            for i in 0..half {
+                let (x1, x2) = (a[i], b[i]);
+                a[i] = x1 * cos[i] - x2 * sin[i];
+                b[i] = x2 * cos[i] + x1 * sin[i];
+            }
+        }
+        RopeStyle::Interleaved => {
+            for (i, p) in x.chunks_exact_mut(2).enumerate() {
+                let (x1, x2) = (p[0], p[1]);
+                p[0] = x1 * cos[i] - x2 * sin[i];
+                p[1] = x2 * cos[i] + x1 * sin[i];
+            }
+        }
+    }
 }
 
 /// The f32 contents of a (small) tensor.
 pub fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_vec1()?)
+}
+
+/// Loads `{name}.weight` `[out, inp]` (and `{name}.bias` `[out]` when `bias`).
+pub fn linear(w: &Weights, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    let weight = w.get(&format!("{name}.weight"), &[out, inp])?;
+    let bias = if bias {
+        Some(w.get(&format!("{name}.bias"), &[out])?)
+    } else {
+        None
+    };
+    Linear::new(weight, bias)
+}
+
+/// Loads a norm weight `[dim]` as plain f32.
+pub fn norm_weight(w: &Weights, name: &str, dim: usize) -> Result<Vec<f32>> {
+    to_f32_vec(&w.get(name, &[dim])?)
 }

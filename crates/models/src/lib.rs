@@ -1,8 +1,13 @@
-//! Model runtimes for agentd (DESIGN.md §5): Qwen3 dense on candle CPU over a
-//! paged KV cache that the caller owns.
+//! Model runtimes for agentd (DESIGN.md §5) on the CPU over a paged KV cache
+//! that the caller owns: Qwen3, GLM-4-0414, Qwen3-MoE and GLM-4.5 MoE.
 //!
-//! - [`config`]: `config.json`; [`loader`]: memory-mapped safetensors.
-//! - [`qwen3`]: the model; [`layers`]: its dense building blocks.
+//! - [`config`]: `config.json` (the [`config::Family`]); [`loader`]:
+//!   memory-mapped safetensors.
+//! - [`model`]: the decoder every family shares, dispatching on the family;
+//!   one file per family for its layers: [`qwen3`], [`glm4`], [`qwen3_moe`],
+//!   [`glm4_moe`].
+//! - Shared blocks: [`self_attn`] (attention), [`mlp`] (SwiGLU), [`moe`] and
+//!   [`router`] (mixture of experts), [`layers`] (linear, norms, RoPE).
 //! - [`batch`]: the flattened batch metadata; [`attention`]: the paged cache
 //!   and the CPU paged attention kernel.
 //! - [`runner`]: [`StepRunner`], a model bound to one replica's cache (what
@@ -15,23 +20,31 @@ pub mod attention;
 pub mod batch;
 pub mod config;
 pub mod error;
+pub mod glm4;
+pub mod glm4_moe;
 #[cfg(feature = "hub")]
 pub mod hub;
 pub mod layers;
 pub mod loader;
 mod matmul;
+pub mod mlp;
+pub mod model;
+pub mod moe;
 pub mod qwen3;
+pub mod qwen3_moe;
+pub mod router;
 pub mod runner;
 pub mod sampling;
+pub mod self_attn;
 mod simd;
 pub mod synth;
 pub mod tokenizer;
 
 pub use attention::{KvCacheConfig, PagedKvCache};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};
-pub use config::Qwen3Config;
+pub use config::{Family, ModelConfig, Qwen3Config};
 pub use error::{ModelError, Result};
-pub use qwen3::Qwen3Model;
+pub use model::{Model, Qwen3Model};
 pub use runner::{CpuRunner, StepRunner};
 pub use sampling::{SampleOutput, SamplingParams, SequenceSampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

@@ -9,7 +9,7 @@ use candle_core::DType;
 use crate::attention::PagedKvCache;
 use crate::batch::BatchInput;
 use crate::error::{ModelError, Result};
-use crate::qwen3::Qwen3Model;
+use crate::model::Model;
 
 /// One replica's model and cache.
 pub trait StepRunner: Send {
@@ -30,7 +30,7 @@ pub trait StepRunner: Send {
 /// The CPU runtime on its own rayon pool (replicas split the cores, so they
 /// never fight over one pool).
 pub struct CpuRunner {
-    model: Arc<Qwen3Model>,
+    model: Arc<Model>,
     cache: PagedKvCache,
     pool: rayon::ThreadPool,
 }
@@ -38,7 +38,7 @@ pub struct CpuRunner {
 impl CpuRunner {
     /// A runner with a cache of `num_blocks` blocks and `threads` compute threads.
     pub fn new(
-        model: Arc<Qwen3Model>,
+        model: Arc<Model>,
         num_blocks: usize,
         block_size: usize,
         threads: usize,

@@ -2,7 +2,7 @@
 //! and benchmarks where no real weights can be downloaded (`agentd make-model`).
 //!
 //! A *model card* is a small JSON file: `{"tokenizer": "qwen3", "config": {...}}`
-//! where `config` is a Qwen3 `config.json` and `tokenizer` (optional) names a
+//! where `config` is a `config.json` of any supported family and `tokenizer` (optional) names a
 //! directory, relative to the card, holding `tokenizer.json` and
 //! `tokenizer_config.json` to copy alongside the weights.
 //!
@@ -20,12 +20,12 @@ use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::config::{Qwen3Config, WeightDtype};
+use crate::config::{Family, ModelConfig, WeightDtype};
 use crate::error::{ModelError, Result};
 
 /// A parsed model card.
 pub struct ModelCard {
-    pub config: Qwen3Config,
+    pub config: ModelConfig,
     pub tokenizer_dir: Option<PathBuf>,
 }
 
@@ -42,7 +42,7 @@ impl ModelCard {
             field: "config",
             reason: "a model card needs a `config` object".into(),
         })?;
-        let config = Qwen3Config::from_value(config, path)?;
+        let config = ModelConfig::from_value(config, path)?;
         let tokenizer_dir = value
             .get("tokenizer")
             .and_then(|t| t.as_str())
@@ -54,45 +54,64 @@ impl ModelCard {
     }
 }
 
-/// Names and shapes of every tensor of a Qwen3 checkpoint, and whether each
-/// is a norm weight (initialised around 1).
-pub fn tensor_specs(cfg: &Qwen3Config) -> Vec<(String, Vec<usize>, bool)> {
-    let (hid, inter, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
-    let (h, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-    let mut v = vec![(
-        "model.embed_tokens.weight".to_owned(),
-        vec![cfg.vocab_size, hid],
-        false,
-    )];
+/// Names and shapes of a checkpoint's tensors, each marked as a norm weight
+/// (initialised around 1) or not; each family lists its layers' tensors.
+#[derive(Default)]
+pub struct TensorSpecs(pub Vec<(String, Vec<usize>, bool)>);
+
+impl TensorSpecs {
+    pub fn weight(&mut self, name: &str, shape: Vec<usize>) {
+        self.0.push((name.to_owned(), shape, false));
+    }
+
+    pub fn norm(&mut self, name: &str, dim: usize) {
+        self.0.push((name.to_owned(), vec![dim], true));
+    }
+
+    /// `{p}.{q,k,v,o}_proj` (+ biases, + q/k norms as the config says).
+    pub fn attention(&mut self, cfg: &ModelConfig, p: &str) {
+        let (hid, d) = (cfg.hidden_size, cfg.head_dim);
+        let (h, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        for (n, rows) in [("q", h * d), ("k", kv * d), ("v", kv * d)] {
+            self.weight(&format!("{p}.{n}_proj.weight"), vec![rows, hid]);
+            if cfg.attention_bias {
+                self.weight(&format!("{p}.{n}_proj.bias"), vec![rows]);
+            }
+        }
+        self.weight(&format!("{p}.o_proj.weight"), vec![hid, h * d]);
+        if cfg.qk_norm {
+            self.norm(&format!("{p}.q_norm.weight"), d);
+            self.norm(&format!("{p}.k_norm.weight"), d);
+        }
+    }
+
+    /// `{p}.gate_proj`, `{p}.up_proj`, `{p}.down_proj`.
+    pub fn mlp(&mut self, p: &str, hid: usize, inter: usize) {
+        self.weight(&format!("{p}.gate_proj.weight"), vec![inter, hid]);
+        self.weight(&format!("{p}.up_proj.weight"), vec![inter, hid]);
+        self.weight(&format!("{p}.down_proj.weight"), vec![hid, inter]);
+    }
+}
+
+/// Names and shapes of every tensor of a checkpoint of `cfg`'s family.
+pub fn tensor_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
+    let (hid, vocab) = (cfg.hidden_size, cfg.vocab_size);
+    let mut s = TensorSpecs::default();
+    s.weight("model.embed_tokens.weight", vec![vocab, hid]);
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        let mut push = |n: &str, s: Vec<usize>, norm| v.push((format!("{p}.{n}"), s, norm));
-        push("input_layernorm.weight", vec![hid], true);
-        push("self_attn.q_proj.weight", vec![h * d, hid], false);
-        push("self_attn.k_proj.weight", vec![kv * d, hid], false);
-        push("self_attn.v_proj.weight", vec![kv * d, hid], false);
-        if cfg.attention_bias {
-            push("self_attn.q_proj.bias", vec![h * d], false);
-            push("self_attn.k_proj.bias", vec![kv * d], false);
-            push("self_attn.v_proj.bias", vec![kv * d], false);
+        match cfg.family {
+            Family::Qwen3 => crate::qwen3::layer_specs(cfg, &p, &mut s),
+            Family::Glm4 => crate::glm4::layer_specs(cfg, &p, &mut s),
+            Family::Qwen3Moe => crate::qwen3_moe::layer_specs(cfg, &p, i, &mut s),
+            Family::Glm4Moe => crate::glm4_moe::layer_specs(cfg, &p, i, &mut s),
         }
-        push("self_attn.o_proj.weight", vec![hid, h * d], false);
-        push("self_attn.q_norm.weight", vec![d], true);
-        push("self_attn.k_norm.weight", vec![d], true);
-        push("post_attention_layernorm.weight", vec![hid], true);
-        push("mlp.gate_proj.weight", vec![inter, hid], false);
-        push("mlp.up_proj.weight", vec![inter, hid], false);
-        push("mlp.down_proj.weight", vec![hid, inter], false);
     }
-    v.push(("model.norm.weight".to_owned(), vec![hid], true));
+    s.norm("model.norm.weight", hid);
     if !cfg.tie_word_embeddings {
-        v.push((
-            "lm_head.weight".to_owned(),
-            vec![cfg.vocab_size, hid],
-            false,
-        ));
+        s.weight("lm_head.weight", vec![vocab, hid]);
     }
-    v
+    s.0
 }
 
 fn random_bytes(n: usize, norm: bool, seed: u64, index: u64, dtype: WeightDtype) -> Vec<u8> {
@@ -120,7 +139,7 @@ fn random_bytes(n: usize, norm: bool, seed: u64, index: u64, dtype: WeightDtype)
 /// Writes `config.json`, `model.safetensors` and (with `tokenizer_dir`) the
 /// tokenizer files into `out`.
 pub fn write_random_model(
-    cfg: &Qwen3Config,
+    cfg: &ModelConfig,
     out: &Path,
     seed: u64,
     tokenizer_dir: Option<&Path>,

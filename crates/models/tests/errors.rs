@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use agentd_models::{BatchBuilder, LogitsFor, ModelError, Qwen3Model};
+use agentd_models::{BatchBuilder, LogitsFor, Model, ModelError};
 use common::*;
 
 fn copy_fixture(name: &str, to: &Path) {
@@ -23,7 +23,7 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 }
 
 fn load_err(dir: &Path) -> String {
-    match Qwen3Model::load(dir) {
+    match Model::load(dir) {
         Ok(_) => panic!("loading {} should fail", dir.display()),
         Err(e) => e.to_string(),
     }
@@ -55,6 +55,30 @@ fn unknown_architecture_and_bad_fields() {
         msg.contains("LlamaForCausalLM") && msg.contains("config.json"),
         "{msg}"
     );
+
+    copy_fixture("gqa4-tied", d.path());
+    edit_config(d.path(), |v| v["model_type"] = serde_json::json!("llama"));
+    let msg = load_err(d.path());
+    assert!(
+        msg.contains("model_type") && msg.contains("\"llama\"") && msg.contains("glm4_moe"),
+        "{msg}"
+    );
+
+    // A MoE config without its expert count names the field.
+    copy_fixture("qwen3moe-gqa2", d.path());
+    edit_config(d.path(), |v| {
+        v.as_object_mut().unwrap().remove("num_local_experts");
+    });
+    let msg = load_err(d.path());
+    assert!(
+        msg.contains("num_experts") && msg.contains("missing"),
+        "{msg}"
+    );
+
+    copy_fixture("glm4moe-gqa2", d.path());
+    edit_config(d.path(), |v| v["n_group"] = serde_json::json!(3));
+    let msg = load_err(d.path());
+    assert!(msg.contains("n_group"), "{msg}");
 
     copy_fixture("gqa4-tied", d.path());
     edit_config(d.path(), |v| v["hidden_size"] = serde_json::json!("wide"));
@@ -217,10 +241,10 @@ fn sharded_checkpoint_loads() {
     )
     .unwrap();
 
-    let sharded = Qwen3Model::load(d.path()).unwrap();
+    let sharded = Model::load(d.path()).unwrap();
     let single = load("gqa2-untied");
     let prompt = &golden("gqa2-untied")[2].input_ids;
-    let run = |m: &Qwen3Model| {
+    let run = |m: &Model| {
         let mut cache = m.new_cache(4, 16).unwrap();
         let mut pool = BlockPool::new(4, 0);
         let mut s = Seq::new(prompt);

@@ -18,7 +18,7 @@
 //! knows how many blocks there are. `vec![0.0; n]` maps zero pages lazily, so
 //! an oversized pool costs address space, not memory, until blocks are used.
 
-use crate::config::Qwen3Config;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 /// Geometry of a [`PagedKvCache`].
@@ -33,7 +33,7 @@ pub struct KvCacheConfig {
 
 impl KvCacheConfig {
     /// The cache geometry a model needs, with the given pool size.
-    pub fn for_model(cfg: &Qwen3Config, num_blocks: usize, block_size: usize) -> Self {
+    pub fn for_model(cfg: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
         KvCacheConfig {
             num_layers: cfg.num_hidden_layers,
             num_blocks,
@@ -106,7 +106,7 @@ impl PagedKvCache {
     }
 
     /// Checks that this cache was made for `model`'s geometry.
-    pub fn check_model(&self, model: &Qwen3Config) -> Result<()> {
+    pub fn check_model(&self, model: &ModelConfig) -> Result<()> {
         let c = &self.cfg;
         if c.num_layers != model.num_hidden_layers
             || c.num_kv_heads != model.num_key_value_heads

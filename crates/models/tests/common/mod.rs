@@ -4,12 +4,24 @@
 
 use std::path::PathBuf;
 
-use agentd_models::{BatchBuilder, LogitsFor, PagedKvCache, Qwen3Model};
+use agentd_models::{BatchBuilder, LogitsFor, Model, PagedKvCache};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::Value;
 
-pub const MODELS: [&str; 3] = ["gqa4-tied", "gqa2-untied", "gqa1-untied"];
+/// Every golden fixture: Qwen3 (the first three), GLM-4-0414, Qwen3-MoE and
+/// GLM-4.5 MoE (scripts/make_golden.py says what each covers).
+pub const MODELS: [&str; 9] = [
+    "gqa4-tied",
+    "gqa2-untied",
+    "gqa1-untied",
+    "glm4-gqa2",
+    "glm4-gqa1-tied",
+    "qwen3moe-gqa2",
+    "qwen3moe-gqa1-tied",
+    "glm4moe-gqa2",
+    "glm4moe-gqa1-tied",
+];
 
 pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -74,8 +86,8 @@ pub fn golden(name: &str) -> Vec<Case> {
         .collect()
 }
 
-pub fn load(name: &str) -> Qwen3Model {
-    Qwen3Model::load(&fixture_dir(name)).expect("load fixture")
+pub fn load(name: &str) -> Model {
+    Model::load(&fixture_dir(name)).expect("load fixture")
 }
 
 /// max |a - b| / max |b|.
@@ -138,7 +150,7 @@ impl Seq {
 
 /// Runs one step over `(seq, chunk_len, logits)` entries; returns the logits rows.
 pub fn step(
-    model: &Qwen3Model,
+    model: &Model,
     cache: &mut PagedKvCache,
     pool: &mut BlockPool,
     seqs: &mut [&mut Seq],

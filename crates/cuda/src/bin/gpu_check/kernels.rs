@@ -5,7 +5,7 @@
 use agentd_cuda::plan::{block_table_matrix, prefill_tiles, rope_table, AttnShape};
 use agentd_cuda::{Dtype, Gpu, Result};
 use agentd_models::attention::{paged_attention, AttentionShape};
-use agentd_models::layers::{head_norm_rope, rms_norm, silu_mul_in_place, RopeBatch};
+use agentd_models::layers::{head_norm_rope, rms_norm, silu_mul_in_place, RopeBatch, RopeStyle};
 use agentd_models::{BatchInput, KvCacheConfig, PagedKvCache};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -189,8 +189,8 @@ fn norm_rope(
             .collect()
     };
     let (mut q, mut k, v) = (part(0, h), part(h * d, kv), part((h + kv) * d, kv));
-    head_norm_rope(&mut q, h, d, &qw, eps, &rope);
-    head_norm_rope(&mut k, kv, d, &kw, eps, &rope);
+    head_norm_rope(&mut q, h, d, Some(&qw), eps, &rope, RopeStyle::Neox);
+    head_norm_rope(&mut k, kv, d, Some(&kw), eps, &rope, RopeStyle::Neox);
 
     let buf = gpu.upload(&dt.encode_all(&rows))?;
     let pos = gpu.upload(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>())?;

@@ -1,18 +1,24 @@
-//! Qwen3 `config.json`, parsed field by field so that a bad or incomplete config
-//! names the field at fault instead of failing with a generic serde message.
+//! A model's `config.json` (every family: [`Family`]), parsed field by field so
+//! that a bad or incomplete config names the field at fault instead of failing
+//! with a generic serde message.
 //!
 //! Both spellings that transformers has written over time are accepted:
 //! `torch_dtype` / `dtype`, and `rope_theta` + `rope_scaling` at top level /
 //! `rope_parameters` (transformers 5).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 
-/// Architectures this crate can run.
-pub const SUPPORTED_ARCHITECTURES: &str = "Qwen3ForCausalLM";
+mod family;
+mod fields;
+mod moe;
+
+pub use family::Family;
+use fields::Fields;
+pub use moe::{DenseLayers, MoeConfig, RouterKind};
 
 /// RoPE frequency scaling from `rope_scaling` / `rope_parameters`.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,10 +58,10 @@ impl WeightDtype {
     }
 }
 
-/// The fields of a Qwen3 `config.json` this runtime uses.
+/// The fields of a `config.json` this runtime uses, for every family.
 #[derive(Debug, Clone)]
-pub struct Qwen3Config {
-    pub architecture: String,
+pub struct ModelConfig {
+    pub family: Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -72,9 +78,21 @@ pub struct Qwen3Config {
     pub torch_dtype: WeightDtype,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Leading dims of each head that RoPE rotates (`partial_rotary_factor`
+    /// × `head_dim`; GLM rotates half).
+    pub rotary_dim: usize,
+    /// RMSNorm on each query and key head before RoPE (Qwen3; GLM-4.5's
+    /// `use_qk_norm`).
+    pub qk_norm: bool,
+    /// The experts of the MoE families.
+    pub moe: Option<MoeConfig>,
 }
 
-impl Qwen3Config {
+/// The name the config had while only Qwen3 ran; kept so code written
+/// against it still builds.
+pub type Qwen3Config = ModelConfig;
+
+impl ModelConfig {
     /// Reads `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
@@ -106,7 +124,7 @@ impl Qwen3Config {
                 reason: "expected a JSON object".into(),
             })?,
         };
-        let architecture = f.architecture()?;
+        let family = f.family()?;
         let hidden_size = f.usize("hidden_size")?;
         let num_attention_heads = f.usize("num_attention_heads")?;
         // Qwen3 states head_dim; older configs derive it from the hidden size.
@@ -139,8 +157,27 @@ impl Qwen3Config {
             field: "torch_dtype",
             reason: format!("unsupported dtype {dtype_str:?} (float32, bfloat16, float16)"),
         })?;
-        let cfg = Qwen3Config {
-            architecture,
+        // GLM rotates half of each head; the others the whole head.
+        let default_partial = match family {
+            Family::Glm4 | Family::Glm4Moe => 0.5,
+            Family::Qwen3 | Family::Qwen3Moe => 1.0,
+        };
+        let partial = f
+            .opt_f64_or_rope("partial_rotary_factor")?
+            .unwrap_or(default_partial);
+        if !(partial > 0.0 && partial <= 1.0) {
+            return Err(f.err("partial_rotary_factor", "must be in (0, 1]"));
+        }
+        // transformers: `int(head_dim * partial_rotary_factor)`.
+        let rotary_dim = (head_dim as f64 * partial) as usize;
+        let qk_norm = match family {
+            Family::Qwen3 | Family::Qwen3Moe => true,
+            Family::Glm4 => false,
+            Family::Glm4Moe => f.opt_bool("use_qk_norm")?.unwrap_or(false),
+        };
+        let default_bias = family == Family::Glm4;
+        let cfg = ModelConfig {
+            family,
             vocab_size: f.usize("vocab_size")?,
             hidden_size,
             intermediate_size: f.usize("intermediate_size")?,
@@ -152,11 +189,14 @@ impl Qwen3Config {
             rope_scaling,
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            attention_bias: f.opt_bool("attention_bias")?.unwrap_or(false),
+            attention_bias: f.opt_bool("attention_bias")?.unwrap_or(default_bias),
             max_position_embeddings: f.usize("max_position_embeddings")?,
             torch_dtype,
             bos_token_id: f.opt_token("bos_token_id")?,
             eos_token_ids: f.token_list("eos_token_id")?,
+            rotary_dim,
+            qk_norm,
+            moe: MoeConfig::parse(&f, family)?,
         };
         cfg.check(path)?;
         Ok(cfg)
@@ -197,6 +237,15 @@ impl Qwen3Config {
         if !self.head_dim.is_multiple_of(2) {
             return Err(err("head_dim", "must be even for RoPE".into()));
         }
+        if self.rotary_dim < 2 || !self.rotary_dim.is_multiple_of(2) {
+            return Err(err(
+                "partial_rotary_factor",
+                format!(
+                    "rotates {} dims of each head, needs an even number >= 2",
+                    self.rotary_dim
+                ),
+            ));
+        }
         if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err(err("rope_theta", "must be positive".into()));
         }
@@ -221,9 +270,9 @@ impl Qwen3Config {
             [one] => Value::from(*one),
             many => Value::from(many.to_vec()),
         };
-        serde_json::json!({
-            "architectures": [self.architecture],
-            "model_type": "qwen3",
+        let mut v = serde_json::json!({
+            "architectures": [self.family.architecture()],
+            "model_type": self.family.model_type(),
             "attention_bias": self.attention_bias,
             "attention_dropout": 0.0,
             "bos_token_id": self.bos_token_id,
@@ -234,165 +283,26 @@ impl Qwen3Config {
             "initializer_range": 0.02,
             "intermediate_size": self.intermediate_size,
             "max_position_embeddings": self.max_position_embeddings,
-            "max_window_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
             "num_hidden_layers": self.num_hidden_layers,
             "num_key_value_heads": self.num_key_value_heads,
+            "partial_rotary_factor": self.rotary_dim as f64 / self.head_dim as f64,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_scaling": rope_scaling,
             "rope_theta": self.rope_theta,
-            "sliding_window": null,
             "tie_word_embeddings": self.tie_word_embeddings,
             "torch_dtype": self.torch_dtype.as_hf_str(),
             "use_cache": true,
-            "use_sliding_window": false,
             "vocab_size": self.vocab_size,
-        })
-    }
-}
-
-/// Typed access to the fields of one JSON object, with errors naming the field.
-struct Fields<'a> {
-    path: PathBuf,
-    obj: &'a Map<String, Value>,
-}
-
-impl Fields<'_> {
-    fn err(&self, field: &'static str, reason: impl Into<String>) -> ModelError {
-        ModelError::Config {
-            path: self.path.clone(),
-            field,
-            reason: reason.into(),
-        }
-    }
-
-    fn present(&self, field: &'static str) -> Option<&Value> {
-        self.obj.get(field).filter(|v| !v.is_null())
-    }
-
-    fn architecture(&self) -> Result<String> {
-        let archs: Vec<String> = match self.present("architectures") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect(),
-            Some(_) => return Err(self.err("architectures", "expected a list of strings")),
-            None => Vec::new(),
-        };
-        let model_type = self.opt_str("model_type")?;
-        if archs.iter().any(|a| a == SUPPORTED_ARCHITECTURES)
-            || (archs.is_empty() && model_type == Some("qwen3"))
-        {
-            return Ok(SUPPORTED_ARCHITECTURES.to_owned());
-        }
-        let found = if archs.is_empty() {
-            vec![model_type.unwrap_or("(none)").to_owned()]
-        } else {
-            archs
-        };
-        Err(ModelError::UnsupportedArchitecture {
-            path: self.path.clone(),
-            found,
-            supported: SUPPORTED_ARCHITECTURES,
-        })
-    }
-
-    fn usize(&self, field: &'static str) -> Result<usize> {
-        self.opt_usize(field)?
-            .ok_or_else(|| self.err(field, "missing (required)"))
-    }
-
-    fn opt_usize(&self, field: &'static str) -> Result<Option<usize>> {
-        match self.present(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    self.err(field, format!("expected a non-negative integer, got {v}"))
-                }),
-        }
-    }
-
-    fn opt_f64(&self, field: &'static str) -> Result<Option<f64>> {
-        match self.present(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a number, got {v}"))),
-        }
-    }
-
-    fn opt_bool(&self, field: &'static str) -> Result<Option<bool>> {
-        match self.present(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a boolean, got {v}"))),
-        }
-    }
-
-    fn opt_str(&self, field: &'static str) -> Result<Option<&str>> {
-        match self.present(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(field, format!("expected a string, got {v}"))),
-        }
-    }
-
-    fn opt_token(&self, field: &'static str) -> Result<Option<u32>> {
-        match self.opt_usize(field)? {
-            None => Ok(None),
-            Some(n) => u32::try_from(n)
-                .map(Some)
-                .map_err(|_| self.err(field, "token id out of range")),
-        }
-    }
-
-    /// `eos_token_id` may be one id or a list of ids.
-    fn token_list(&self, field: &'static str) -> Result<Vec<u32>> {
-        match self.present(field) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or_else(|| self.err(field, format!("expected token ids, got {v}")))
-                })
-                .collect(),
-            Some(_) => Ok(self.opt_token(field)?.into_iter().collect()),
-        }
-    }
-
-    fn rope_scaling(&self, obj: Option<&Map<String, Value>>) -> Result<RopeScaling> {
-        let Some(obj) = obj else {
-            return Ok(RopeScaling::None);
-        };
-        let kind = obj
-            .get("rope_type")
-            .or_else(|| obj.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        match kind {
-            "default" => Ok(RopeScaling::None),
-            "linear" => {
-                let factor = obj
-                    .get("factor")
-                    .and_then(Value::as_f64)
-                    .filter(|f| *f > 0.0)
-                    .ok_or_else(|| self.err("rope_scaling", "linear scaling needs factor > 0"))?;
-                Ok(RopeScaling::Linear { factor })
+        });
+        if let Some(obj) = v.as_object_mut() {
+            if self.family == Family::Glm4Moe {
+                obj.insert("use_qk_norm".into(), self.qk_norm.into());
             }
-            other => Err(self.err(
-                "rope_scaling",
-                format!("rope_type {other:?} is not supported (default, linear)"),
-            )),
+            if let Some(moe) = &self.moe {
+                moe.write_hf(obj);
+            }
         }
+        v
     }
 }

@@ -1,0 +1,153 @@
+//! The decoder every family shares: embeddings, a stack of decoder layers
+//! (each family's own, [`DecoderLayer`]), a final RMSNorm and the output
+//! projection, over a caller-owned paged KV cache.
+//!
+//! [`Model::load`] reads `config.json`, picks the family from its
+//! `model_type` / `architectures` and loads that family's layers: `qwen3`
+//! ([`crate::qwen3`]), `glm4` ([`crate::glm4`]), `qwen3_moe`
+//! ([`crate::qwen3_moe`]), `glm4_moe` ([`crate::glm4_moe`]). The model keeps
+//! no state between calls: every step gets the flattened batch and the cache.
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+
+use crate::attention::{KvCacheConfig, PagedKvCache};
+use crate::batch::BatchInput;
+use crate::config::{Family, ModelConfig};
+use crate::error::Result;
+use crate::layers::{inv_freq, norm_weight, rms_norm, with_f32, Linear, RopeBatch};
+use crate::loader::Weights;
+use crate::self_attn::StepCtx;
+use crate::{glm4, glm4_moe, qwen3, qwen3_moe};
+
+/// One decoder layer of some family: updates the residual stream in place.
+pub trait DecoderLayer: Send + Sync {
+    /// `x`: the residual stream `[T, hidden]`.
+    fn forward(&self, x: &mut [f32], ctx: &mut StepCtx<'_>) -> Result<()>;
+}
+
+/// A loaded model of any supported family. Immutable after loading; share it
+/// across threads.
+pub struct Model {
+    cfg: ModelConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Box<dyn DecoderLayer>>,
+    norm: Vec<f32>,
+    lm_head: Linear,
+    inv_freq: Vec<f32>,
+    device: Device,
+}
+
+/// The name the model had while only Qwen3 ran; kept so code written against
+/// it still builds.
+pub type Qwen3Model = Model;
+
+impl Model {
+    /// Loads a Hugging Face directory (`config.json` + safetensors).
+    pub fn load(dir: &Path) -> Result<Self> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let device = Device::Cpu;
+        let weights = Weights::from_dir(dir, &device)?;
+        Self::from_weights(cfg, &weights)
+    }
+
+    pub fn from_weights(cfg: ModelConfig, w: &Weights) -> Result<Self> {
+        let (hid, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        let embed_tokens = w.get("model.embed_tokens.weight", &[vocab, hid])?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        // Only layers 0..num_hidden_layers: GLM-4.5's MTP layers
+        // (`num_nextn_predict_layers`) follow them and are not loaded.
+        for i in 0..cfg.num_hidden_layers {
+            tracing::debug!(layer = i, family = %cfg.family, "loading decoder layer");
+            let p = format!("model.layers.{i}");
+            layers.push(match cfg.family {
+                Family::Qwen3 => qwen3::load_layer(w, &p, &cfg)?,
+                Family::Glm4 => glm4::load_layer(w, &p, &cfg)?,
+                Family::Qwen3Moe => qwen3_moe::load_layer(w, &p, i, &cfg)?,
+                Family::Glm4Moe => glm4_moe::load_layer(w, &p, i, &cfg)?,
+            });
+        }
+        let norm = norm_weight(w, "model.norm.weight", hid)?;
+        // Tied checkpoints may or may not also store lm_head.weight;
+        // transformers uses the embeddings either way.
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed_tokens.clone(), None)?
+        } else {
+            Linear::new(w.get("lm_head.weight", &[vocab, hid])?, None)?
+        };
+        Ok(Model {
+            inv_freq: inv_freq(&cfg),
+            device: embed_tokens.device().clone(),
+            cfg,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn family(&self) -> Family {
+        self.cfg.family
+    }
+
+    /// A cache with this model's geometry and `num_blocks` blocks.
+    pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> Result<PagedKvCache> {
+        PagedKvCache::new(KvCacheConfig::for_model(&self.cfg, num_blocks, block_size))
+    }
+
+    /// Runs one step: writes the new tokens' K/V into `cache` through the slot
+    /// mapping and returns f32 logits `[batch.logits_indices.len(), vocab]`.
+    pub fn forward(&self, batch: &BatchInput, cache: &mut PagedKvCache) -> Result<Tensor> {
+        cache.check_model(&self.cfg)?;
+        batch.validate(
+            cache.block_size(),
+            cache.num_blocks(),
+            self.cfg.max_position_embeddings,
+            self.cfg.vocab_size,
+        )?;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let hid = self.cfg.hidden_size;
+        // Hidden states `[T, hidden]`, starting from the embedding rows.
+        let mut x = with_f32(&self.embed_tokens, |e| {
+            let mut x = Vec::with_capacity(batch.num_tokens() * hid);
+            for &id in &batch.token_ids {
+                let id = id as usize;
+                x.extend_from_slice(&e[id * hid..(id + 1) * hid]);
+            }
+            x
+        })?;
+        let rope = RopeBatch::new(&self.inv_freq, &batch.positions);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut ctx = StepCtx {
+                layer: i,
+                batch,
+                rope: &rope,
+                eps,
+                cache: &mut *cache,
+            };
+            layer.forward(&mut x, &mut ctx)?;
+        }
+        // Only the rows that need logits go through the norm and the (large)
+        // output projection.
+        let mut last = Vec::with_capacity(batch.logits_indices.len() * hid);
+        for &i in &batch.logits_indices {
+            last.extend_from_slice(&x[i * hid..(i + 1) * hid]);
+        }
+        let n = batch.logits_indices.len();
+        let logits = if n == 0 {
+            Vec::new()
+        } else {
+            self.lm_head.forward(&rms_norm(&last, &self.norm, eps))?
+        };
+        Ok(Tensor::from_vec(
+            logits,
+            (n, self.cfg.vocab_size),
+            &self.device,
+        )?)
+    }
+}
