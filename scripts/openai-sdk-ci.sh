@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs scripts/openai_sdk_check.py (the official `openai` SDK, unchanged)
-# against a freshly started `agentd serve` on the embedded model. The SDK is
+# Runs scripts/openai_sdk_check.py (the official `openai` SDK, unchanged) and
+# scripts/openai_responses_check.py (`client.responses` and the OpenAI Agents
+# SDK) against a freshly started `agentd serve` on the embedded model. The SDK is
 # installed into a venv outside the repo on first use. Exits 0 with a loud
 # warning when the SDK cannot be installed (no registry); non-zero when the
 # check fails.
@@ -9,8 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:?usage: openai-sdk-ci.sh PATH/TO/agentd}
 venv=${AGENTD_OPENAI_VENV:-/var/tmp/agentd-openai-venv}
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
-  if ! { python3 -m venv "$venv" && "$venv/bin/pip" install -q openai; }; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai, agents" 2>/dev/null; then
+  if ! { python3 -m venv "$venv" && "$venv/bin/pip" install -q openai openai-agents; }; then
     echo "WARNING: the openai SDK could not be installed; the SDK check was NOT run"
     exit 0
   fi
@@ -30,4 +31,5 @@ done
 if [ -z "$addr" ]; then
   echo "agentd serve did not start:"; cat "$log"; exit 1
 fi
-"$venv/bin/python" scripts/openai_sdk_check.py "http://$addr/v1"
+"$venv/bin/python" scripts/openai_sdk_check.py "http://$addr/v1" &&
+  "$venv/bin/python" scripts/openai_responses_check.py "http://$addr/v1"
