@@ -13,6 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
+use agentd_models::sampling::log_softmax;
 use agentd_models::{SamplingParams, SequenceSampler};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -51,6 +52,16 @@ struct FullSort {
 impl FullSort {
     fn sample(&mut self, logits: &[f32]) -> usize {
         let p = &self.p;
+        if let Some(k) = p.logprobs {
+            // Full f64 log-softmax, then the top k by index selection.
+            let lp = log_softmax(logits);
+            let mut idx: Vec<usize> = (0..lp.len()).collect();
+            let by = |a: &usize, b: &usize| lp[*b].total_cmp(&lp[*a]).then(a.cmp(b));
+            idx.select_nth_unstable_by(k - 1, by);
+            idx.truncate(k);
+            idx.sort_unstable_by(by);
+            std::hint::black_box(idx);
+        }
         let mut l = logits.to_vec();
         if p.repetition_penalty != 1.0 {
             let seen: HashSet<&u32> = self.prompt.iter().chain(self.counts.keys()).collect();
@@ -146,6 +157,13 @@ fn main() {
             "top_k=50",
             SamplingParams {
                 top_k: 50,
+                ..Default::default()
+            },
+        ),
+        (
+            "temperature=1 + top_logprobs=5",
+            SamplingParams {
+                logprobs: Some(5),
                 ..Default::default()
             },
         ),
