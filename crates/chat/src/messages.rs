@@ -323,10 +323,30 @@ fn validate_tool(i: usize, tool: &Json) -> Result<(), ChatError> {
         ));
     };
     match function.get("name").and_then(Json::as_str) {
-        Some(name) if !name.is_empty() => Ok(()),
-        _ => Err(ChatError::invalid(
-            format!("{at}.function.name"),
-            "must be a non-empty string",
+        Some(name) if !name.is_empty() => {}
+        _ => {
+            return Err(ChatError::invalid(
+                format!("{at}.function.name"),
+                "must be a non-empty string",
+            ))
+        }
+    }
+    // A JSON Schema for the arguments: an object (OpenAI refuses anything
+    // else, and so must we rather than render nonsense into the prompt).
+    match function.get("parameters") {
+        None | Some(Json::Null) | Some(Json::Object(_)) => {}
+        Some(other) => {
+            return Err(ChatError::invalid(
+                format!("{at}.function.parameters"),
+                format!("must be a JSON Schema object, got {other}"),
+            ))
+        }
+    }
+    match function.get("strict") {
+        None | Some(Json::Null) | Some(Json::Bool(_)) => Ok(()),
+        Some(_) => Err(ChatError::invalid(
+            format!("{at}.function.strict"),
+            "must be a boolean",
         )),
     }
 }

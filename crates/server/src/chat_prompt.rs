@@ -63,6 +63,7 @@ pub fn render_text(
     };
     let tools = input.tools.filter(|t| !t.is_empty());
     let text = template.render(input.messages, tools, &opts)?;
+    check_tool_choice(input.tool_choice, tools.unwrap_or_default())?;
     // `tool_choice: "none"` keeps the tools in the prompt (as vLLM) but the
     // output is not parsed for calls.
     let parse_tools =
@@ -72,4 +73,42 @@ pub fn render_text(
         tool_calls: parse_tools,
     };
     Ok((text, output))
+}
+
+/// `tool_choice` must be `none`, `auto`, `required` or a named function of
+/// `tools`; `required` and a named function need tools. (They are not yet
+/// enforced on the output: the model may still answer in text.)
+fn check_tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<(), ApiError> {
+    let named = match choice {
+        None => return Ok(()),
+        Some(Json::String(s)) if s == "none" || s == "auto" => return Ok(()),
+        Some(Json::String(s)) if s == "required" => None,
+        Some(v) => match v.pointer("/function/name").and_then(Json::as_str) {
+            Some(name) if v.get("type").and_then(Json::as_str) == Some("function") => Some(name),
+            _ => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice must be none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {v}"),
+                ))
+            }
+        },
+    };
+    if tools.is_empty() {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice 'required' or a named function needs tools",
+        ));
+    }
+    if let Some(name) = named {
+        let known = tools
+            .iter()
+            .any(|t| t.pointer("/function/name").and_then(Json::as_str) == Some(name));
+        if !known {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("tool_choice names function '{name}', which is not in tools"),
+            ));
+        }
+    }
+    Ok(())
 }

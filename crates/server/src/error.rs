@@ -162,8 +162,10 @@ impl From<EngineError> for ApiError {
 impl From<ChatError> for ApiError {
     fn from(e: ChatError) -> Self {
         if e.is_client_error() {
+            let tools =
+                matches!(&e, ChatError::InvalidRequest { at, .. } if at.starts_with("tools"));
             ApiError::InvalidParam {
-                param: Some("messages"),
+                param: Some(if tools { "tools" } else { "messages" }),
                 message: e.to_string(),
             }
         } else {

@@ -251,6 +251,36 @@ fn refusals_name_the_field() {
         "background",
     );
     bad(json!({}), 400, "input");
+    let f = |params: Value| json!([{"type": "function", "name": "f", "parameters": params}]);
+    bad(
+        json!({"input": "x", "tools": f(json!("notaschema"))}),
+        400,
+        "tools",
+    );
+    bad(
+        json!({"input": "x", "tools": f(json!({})), "tool_choice": {"type": "function", "name": "g"}}),
+        400,
+        "tool_choice",
+    );
+    bad(
+        json!({"input": "x", "tool_choice": "required"}),
+        400,
+        "tool_choice",
+    );
+    // The same checks on the chat route.
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": "notaschema"}}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "tools");
+    assert!(
+        r.body.contains("tools[0].function.parameters"),
+        "{}",
+        r.body
+    );
     bad(json!({"input": 5}), 400, "");
 }
 
