@@ -1,17 +1,18 @@
 //! `agentd bench-model`: prefill and decode throughput of the runtime at
-//! several batch sizes, against candle-transformers' stock Qwen3 on the same
-//! weights in the same run (equal-length batches, since the stock model
-//! cannot batch sequences of different lengths).
+//! several batch sizes, against candle-transformers' stock model of the
+//! family (Qwen3, Qwen3-MoE; the GLM families have none) on the same weights
+//! in the same run (equal-length batches, since the stock model cannot batch
+//! sequences of different lengths).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use agentd_models::loader::checkpoint_files;
 use agentd_models::sampling::argmax;
-use agentd_models::{BatchBuilder, LogitsFor, Model};
+use agentd_models::{BatchBuilder, Family, LogitsFor, Model};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use candle_transformers::models::qwen3 as stock;
+use candle_transformers::models::{qwen3 as stock, qwen3_moe as stock_moe};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -97,8 +98,31 @@ fn bench_ours(model: &Model, a: &BenchModelArgs, batch: usize) -> Result<Figures
     })
 }
 
+/// candle-transformers' stock model of the checkpoint's family, where it
+/// has one (Qwen3 and Qwen3-MoE; none for the GLM families).
+enum Stock {
+    Dense(stock::ModelForCausalLM),
+    Moe(stock_moe::ModelForCausalLM),
+}
+
+impl Stock {
+    fn forward(&mut self, input: &Tensor, offset: usize) -> candle_core::Result<Tensor> {
+        match self {
+            Stock::Dense(m) => m.forward(input, offset),
+            Stock::Moe(m) => m.forward(input, offset),
+        }
+    }
+
+    fn clear_kv_cache(&mut self) {
+        match self {
+            Stock::Dense(m) => m.clear_kv_cache(),
+            Stock::Moe(m) => m.clear_kv_cache(),
+        }
+    }
+}
+
 fn bench_stock(
-    model: &mut stock::ModelForCausalLM,
+    model: &mut Stock,
     a: &BenchModelArgs,
     batch: usize,
     vocab: usize,
@@ -127,18 +151,29 @@ fn bench_stock(
     })
 }
 
-fn load_stock(dir: &std::path::Path) -> Result<stock::ModelForCausalLM> {
+fn load_stock(dir: &std::path::Path, family: Family) -> Result<Stock> {
     let cfg_path = dir.join("config.json");
-    let cfg: stock::Config = serde_json::from_str(
-        &std::fs::read_to_string(&cfg_path).with_context(|| cfg_path.display().to_string())?,
-    )
-    .with_context(|| format!("{}: not a config the stock model reads", cfg_path.display()))?;
+    let text =
+        std::fs::read_to_string(&cfg_path).with_context(|| cfg_path.display().to_string())?;
+    let bad = || format!("{}: not a config the stock model reads", cfg_path.display());
     let files = checkpoint_files(dir)?;
     // SAFETY: read-only mapping of files nobody modifies during the benchmark.
     let vb = unsafe {
         candle_nn::VarBuilder::from_mmaped_safetensors(&files, DType::F32, &Device::Cpu)?
     };
-    Ok(stock::ModelForCausalLM::new(&cfg, vb)?)
+    Ok(match family {
+        Family::Qwen3 => {
+            let cfg: stock::Config = serde_json::from_str(&text).with_context(bad)?;
+            Stock::Dense(stock::ModelForCausalLM::new(&cfg, vb)?)
+        }
+        Family::Qwen3Moe => {
+            let cfg: stock_moe::Config = serde_json::from_str(&text).with_context(bad)?;
+            Stock::Moe(stock_moe::ModelForCausalLM::new(&cfg, vb)?)
+        }
+        other => anyhow::bail!(
+            "candle-transformers has no stock {other} model to compare with; pass --no-baseline"
+        ),
+    })
 }
 
 pub fn run(a: BenchModelArgs) -> Result<()> {
@@ -148,8 +183,8 @@ pub fn run(a: BenchModelArgs) -> Result<()> {
     let mut baseline = if a.no_baseline {
         None
     } else {
-        tracing::info!("loading stock candle-transformers qwen3");
-        Some(load_stock(&a.model)?)
+        tracing::info!(family = %model.family(), "loading stock candle-transformers model");
+        Some(load_stock(&a.model, model.family())?)
     };
     // Warm-up: first touches of weights and allocator pools.
     let warm = BenchModelArgs {

@@ -296,6 +296,13 @@ impl ModelConfig {
             "vocab_size": self.vocab_size,
         });
         if let Some(obj) = v.as_object_mut() {
+            if matches!(self.family, Family::Qwen3 | Family::Qwen3Moe) {
+                // Required by candle-transformers' stock Qwen3 configs
+                // (`bench-model`'s baseline); transformers' defaults.
+                obj.insert("max_window_layers".into(), self.num_hidden_layers.into());
+                obj.insert("sliding_window".into(), Value::Null);
+                obj.insert("use_sliding_window".into(), false.into());
+            }
             if self.family == Family::Glm4Moe {
                 obj.insert("use_qk_norm".into(), self.qk_norm.into());
             }
