@@ -12,7 +12,7 @@ use std::time::Duration;
 use agentd_engine::{Engine, EngineConfig};
 use agentd_models::synth::{write_random_model, ModelCard};
 use agentd_scheduler::PolicyKind;
-use agentd_tools::{DockerConfig, ReclaimConfig, ToolsConfig};
+use agentd_tools::{CommandPolicy, DockerConfig, ForeignPids, ReclaimConfig, ToolsConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
@@ -77,8 +77,22 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = EngineConfig::default().max_waiting)]
     pub max_waiting: usize,
     /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Repeat it (or use --api-key-file) for several tenants: each key sees
+    /// and acts on only the programs it created.
     #[arg(long)]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+    /// A file of API keys, one per line (one tenant each; blank lines and
+    /// lines starting with `#` are skipped). Adds to --api-key.
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// Seconds a client has to send a request head; also how long an idle
+    /// keep-alive connection is kept.
+    #[arg(long, default_value_t = agentd_server::ConnectionLimits::default().header_read_timeout.as_secs_f64())]
+    pub header_read_timeout_s: f64,
+    /// Open client connections at most (lowered to fit the fd limit); more
+    /// wait in the listen backlog.
+    #[arg(long, default_value_t = agentd_server::ConnectionLimits::default().max_connections)]
+    pub max_connections: usize,
     /// vLLM's KV-event publishing, same JSON: e.g. `{"enable_kv_cache_events":
     /// true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
     /// "tcp://*:5558", "topic": "kv", "buffer_steps": 10000}`; replica r uses
@@ -124,11 +138,35 @@ pub struct ToolArgs {
     /// Between SIGTERM and SIGKILL of a declared process group, milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub kill_grace_ms: u64,
+    /// Let clients declare pids agentd did not start (`tool_resources.pids`),
+    /// to be signalled on release; only the server's uid's processes.
+    #[arg(long)]
+    pub allow_foreign_pids: bool,
+    /// With --allow-foreign-pids, also other users' processes.
+    #[arg(long, requires = "allow_foreign_pids")]
+    pub allow_foreign_pids_any_uid: bool,
+    /// Run local environment setup commands (`POST /programs/{id}/environment`
+    /// with `local`): shell commands from clients, the trust boundary
+    /// (README, "Tool resources"). As root, needs --sandbox-user.
+    #[arg(long)]
+    pub allow_environment_commands: bool,
+    /// The unprivileged user environment commands run as (a name or UID[:GID]).
+    #[arg(long)]
+    pub sandbox_user: Option<String>,
+    /// Address-space limit of an environment command and its children, MiB
+    /// (0: none).
+    #[arg(long, default_value_t = 8192)]
+    pub environment_memory_mib: u64,
 }
 
 impl ToolArgs {
-    fn to_config(&self, lease_s: f64) -> ToolsConfig {
-        ToolsConfig {
+    fn to_config(&self, lease_s: f64) -> Result<ToolsConfig> {
+        let user = self
+            .sandbox_user
+            .as_deref()
+            .map(agentd_tools::resolve_user)
+            .transpose()?;
+        Ok(ToolsConfig {
             sandbox_root: self.sandbox_root.clone(),
             kill_grace: Duration::from_millis(self.kill_grace_ms),
             docker: DockerConfig {
@@ -146,7 +184,17 @@ impl ToolArgs {
             reclaim_on_exit: self.reclaim_on_exit,
             // Programs the engine never ran get the engine's lease.
             orphan_lease: Duration::try_from_secs_f64(lease_s).ok(),
-        }
+            foreign_pids: ForeignPids {
+                allow: self.allow_foreign_pids,
+                any_uid: self.allow_foreign_pids_any_uid,
+            },
+            commands: CommandPolicy {
+                allow: self.allow_environment_commands,
+                user,
+                memory_max: (self.environment_memory_mib > 0)
+                    .then(|| self.environment_memory_mib.saturating_mul(1 << 20)),
+            },
+        })
     }
 }
 
@@ -218,13 +266,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 .with_context(|| format!("starting the engine on {}", model_dir.display()))?
         }
     };
-    let state = agentd_server::AppState::with_tools(
+    let mut state = agentd_server::AppState::with_tools(
         engine,
         &model_dir,
         name.clone(),
-        args.api_key,
-        args.tools.to_config(args.sched.program_lease_s),
+        None,
+        args.tools.to_config(args.sched.program_lease_s)?,
     )?;
+    state.api_keys = api_keys(&args.api_key, args.api_key_file.as_deref())?;
+    state.connections = agentd_server::ConnectionLimits {
+        header_read_timeout: Duration::try_from_secs_f64(args.header_read_timeout_s)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .context("--header-read-timeout-s must be a positive number of seconds")?,
+        max_connections: args.max_connections.max(1),
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -240,6 +296,34 @@ pub fn run(args: ServeArgs) -> Result<()> {
         agentd_server::serve(listener, Arc::new(state), shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// The keys of `--api-key` and `--api-key-file`, one tenant each.
+fn api_keys(flags: &[String], file: Option<&Path>) -> Result<agentd_server::ApiKeys> {
+    let mut keys = flags.to_vec();
+    if let Some(f) = file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_string),
+        );
+        anyhow::ensure!(
+            keys.len() > flags.len(),
+            "--api-key-file {} holds no key",
+            f.display()
+        );
+    }
+    let keys = agentd_server::ApiKeys::new(keys);
+    if keys.len() > 1 {
+        tracing::info!(
+            tenants = keys.len(),
+            "several API keys: each is a tenant with its own programs"
+        );
+    }
+    Ok(keys)
 }
 
 /// Ctrl-C (or SIGTERM on Unix) starts a graceful shutdown.

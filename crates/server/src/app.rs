@@ -18,12 +18,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
+use crate::fallback;
+use crate::listener::{serve_connections, ConnectionLimits};
 use crate::program_id::ProgramRef;
 use crate::responses::store::ResponseStore;
 use crate::routes;
+use crate::tenant::ApiKeys;
+use crate::tombstone::Tombstones;
 
 /// How long a shutdown with `--reclaim-on-exit` waits for the reclaims.
 const RECLAIM_ON_EXIT_WAIT: Duration = Duration::from_secs(60);
@@ -40,7 +45,8 @@ pub struct AppState {
     /// Where the weights came from (`/v1/models` `root`).
     pub model_root: String,
     pub max_model_len: usize,
-    pub api_key: Option<String>,
+    /// The keys clients must present, one per tenant (see [`crate::tenant`]).
+    pub api_keys: ApiKeys,
     /// Tool resources of the programs (DESIGN §7).
     pub tools: Arc<Tools>,
     /// Stored responses of `/v1/responses` (bounded; see
@@ -50,6 +56,10 @@ pub struct AppState {
     /// missed) and taken by [`serve`], which hands them to `tools`.
     ended: Mutex<Option<UnboundedReceiver<ProgramEnded>>>,
     next_id: AtomicU64,
+    /// Releases that found no program (see [`Tombstones`]).
+    pub released: Tombstones,
+    /// Timeouts and the connection cap of [`serve`].
+    pub connections: ConnectionLimits,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -129,11 +139,13 @@ impl AppState {
             model_name,
             model_root: dir,
             max_model_len,
-            api_key,
+            api_keys: ApiKeys::new(api_key),
             tools,
             responses: ResponseStore::default(),
             ended,
             next_id: AtomicU64::new(0),
+            released: Tombstones::default(),
+            connections: ConnectionLimits::default(),
         })
     }
 
@@ -210,24 +222,45 @@ pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/health", get(routes::info::health))
         .merge(protected)
+        .fallback(fallback::no_route)
+        .method_not_allowed_fallback(fallback::wrong_method)
+        // A body that stalls (no bytes for this long) fails like a head that
+        // does: the slow-client limit covers both halves of a request.
+        .layer(RequestBodyTimeoutLayer::new(
+            state.connections.header_read_timeout,
+        ))
+        .layer(middleware::map_response(fallback::json_errors))
         .with_state(state)
 }
 
-/// `Authorization: Bearer <key>` when the server was started with a key.
+/// `Authorization: Bearer <key>` when the server was started with keys;
+/// the rest of the request runs as the key's tenant.
 async fn require_api_key(State(state): State<SharedState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &state.api_key {
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if given != Some(key.as_str()) {
+    if state.api_keys.is_open() {
+        return next.run(req).await;
+    }
+    let caller = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .and_then(|token| state.api_keys.caller(token));
+    match caller {
+        Some(caller) => caller.scope(next.run(req)).await,
+        None => {
             tracing::debug!(path = %req.uri().path(), "rejected: missing or wrong API key");
-            return ApiError::Unauthorized.into_response();
+            ApiError::Unauthorized.into_response()
         }
     }
-    next.run(req).await
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value; the scheme
+/// is case-insensitive (RFC 9110 §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves; then stops the
@@ -262,10 +295,9 @@ pub async fn serve(
             }
         })
     });
+    let limits = state.connections;
     let app = router(state);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    serve_connections(listener, app, limits, shutdown).await;
     tracing::info!("server stopped; shutting the engine down");
     engine.shutdown();
     for task in forwarder.into_iter().chain(sweeper) {
@@ -291,5 +323,5 @@ pub async fn serve(
             "tool resources at exit"
         );
     }
-    result
+    Ok(())
 }

@@ -17,6 +17,7 @@ use crate::program_id::ProgramRef;
 use crate::protocol::{unix_now, UsageInfo};
 use crate::sampling::Sampling;
 use crate::sse;
+use crate::tenant::Caller;
 
 /// Most choices one request may ask for (prompts × n).
 pub const MAX_CHOICES: usize = 64;
@@ -76,6 +77,19 @@ pub fn submit(
     n: usize,
     logprobs: bool,
 ) -> Result<Vec<Choice>, ApiError> {
+    // The engine and the tool side know the program under its tenant's key.
+    let mut program = program.clone();
+    program.program = program
+        .program
+        .map(|id| Caller::current().program_key(&id));
+    let program = &program;
+    let released = program
+        .program
+        .as_ref()
+        .is_some_and(|id| state.released.take(id));
+    if released {
+        tracing::info!(program = ?program.program, "released before its first request: this request is its last");
+    }
     // Before the engine sees the request: a `final` request may end the
     // program (and so reclaim its resources) as soon as it is submitted.
     state.declare_tools(program)?;
@@ -90,7 +104,7 @@ pub fn submit(
                 program: if first { program.program.clone() } else { None },
                 prompt: prompt.clone(),
                 sampling: params,
-                final_request: first && program.final_request,
+                final_request: first && (program.final_request || released),
             })?;
             out.push(Choice {
                 index: p * n + j,

@@ -42,6 +42,11 @@ pub enum ApiError {
     /// A server-side fault (broken template, tokenizer failure).
     #[error("{0}")]
     Internal(String),
+    /// A refusal made below the handlers (unknown route, wrong method, body
+    /// over the limit, malformed chunking), rewritten by
+    /// [`crate::fallback::json_errors`] with the status the stack chose.
+    #[error("{message}")]
+    Http { status: StatusCode, message: String },
 }
 
 impl ApiError {
@@ -65,6 +70,7 @@ impl ApiError {
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Http { status, .. } => *status,
         }
     }
 
@@ -82,6 +88,7 @@ impl ApiError {
             ApiError::Overloaded(_) => "rate_limit_error",
             ApiError::Unavailable(_) => "service_unavailable",
             ApiError::Internal(_) => "internal_server_error",
+            ApiError::Http { status, .. } => kind_of_status(*status),
         }
     }
 
@@ -114,6 +121,21 @@ impl ApiError {
             },
         })
         .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// OpenAI's `type` for a status chosen below the handlers.
+fn kind_of_status(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "NotFoundError",
+        408 => "timeout_error",
+        409 => "conflict_error",
+        429 => "rate_limit_error",
+        503 => "service_unavailable",
+        500..=599 => "internal_server_error",
+        _ => "invalid_request_error",
     }
 }
 

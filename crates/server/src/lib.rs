@@ -1,6 +1,7 @@
 //! agentd's OpenAI-compatible HTTP server (DESIGN §6), on axum.
 //!
-//! - [`app`]: shared state, router (API key on all but `/health`), accept loop.
+//! - [`app`]: shared state, router (API key on all but `/health`), serving;
+//!   [`listener`]: the accept loop's timeouts and connection cap.
 //! - [`routes`]: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/health`, `/metrics`, `/programs`, `/programs/release`, and the tool
 //!   side of a program: `/programs/{id}`, `/programs/{id}/resources`,
@@ -12,14 +13,19 @@
 //!   sampling parameters; [`program_id`]: which program a request belongs to.
 //! - [`generation`]: engine token events → text pieces (detokenisation, stop
 //!   strings, logprobs); [`stop`]: the stop-string matcher; [`sse`]: framing.
+//! - [`tenant`]: API keys as tenants, each with its own program ids;
+//!   [`tombstone`]: releases that arrive before their program.
 //! - [`metrics`]: Prometheus text under vLLM's names; [`error`]: OpenAI-shaped
-//!   errors with their HTTP status.
+//!   errors with their HTTP status; [`fallback`]: the same shape for what
+//!   the stack refuses before a handler runs.
 
 pub mod app;
 pub mod chat_prompt;
 pub mod choices;
 pub mod error;
+pub mod fallback;
 pub mod generation;
+pub mod listener;
 pub mod metrics;
 pub mod program_id;
 pub mod protocol;
@@ -28,6 +34,10 @@ pub mod routes;
 pub mod sampling;
 pub mod sse;
 pub mod stop;
+pub mod tenant;
+pub mod tombstone;
 
 pub use app::{router, serve, AppState, SetupError, SharedState};
+pub use listener::ConnectionLimits;
+pub use tenant::ApiKeys;
 pub use error::ApiError;

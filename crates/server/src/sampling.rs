@@ -40,7 +40,8 @@ pub fn build(
         Some(m) if m > room as u64 => {
             return Err(ApiError::ContextTooLong(format!(
                 "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt_len} in the messages, {m} in the completion). Please reduce the length of the messages or completion.",
-                prompt_len as u64 + m
+                // u128: `m` is the client's and may be u64::MAX.
+                prompt_len as u128 + u128::from(m)
             )))
         }
         Some(m) => m as usize,
@@ -146,6 +147,13 @@ mod tests {
             err(r#"{"max_tokens":96}"#, 5),
             ApiError::ContextTooLong(_)
         ));
+        // The largest max_tokens: the total in the message does not wrap
+        // (nor panic with overflow checks).
+        let e = err(r#"{"max_tokens":18446744073709551615}"#, 5);
+        assert!(
+            e.to_string().contains("18446744073709551620 tokens"),
+            "{e}"
+        );
         assert!(matches!(
             err(r#"{"temperature":-1}"#, 5),
             ApiError::InvalidParam {

@@ -47,6 +47,12 @@ fn tools_config(root: &Path) -> ToolsConfig {
         },
         reclaim_on_exit: false,
         orphan_lease: None,
+        // These tests declare processes they started themselves.
+        foreign_pids: agentd_tools::ForeignPids {
+            allow: true,
+            any_uid: false,
+        },
+        commands: common::test_commands(root),
     }
 }
 
@@ -419,7 +425,7 @@ fn preparation_overlaps_a_streaming_request_and_wait_returns_when_ready() {
         .iter()
         .filter_map(|r| r["kind"].as_str())
         .collect();
-    assert_eq!(kinds, vec!["dir", "process_group"]);
+    assert_eq!(kinds, vec!["dir", "process_tree"]);
     assert_eq!(
         post(addr, "/programs/release", &json!({"program_id": "env"})).status,
         200

@@ -53,6 +53,10 @@ fn churning_200_programs_leaves_no_live_resource() {
                 concurrency: 8,
                 ..ReclaimConfig::default()
             },
+            foreign_pids: agentd_tools::ForeignPids {
+                allow: true,
+                any_uid: false,
+            },
             ..ToolsConfig::default()
         },
     );

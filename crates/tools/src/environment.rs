@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +23,7 @@ use crate::error::ToolError;
 use crate::local::LocalSandbox;
 use crate::registry::Registry;
 use crate::resource::{check_image, Resource};
+use crate::tree::{self, Cgroups};
 
 /// Longest preparation allowed.
 const MAX_TIMEOUT_S: f64 = 3600.0;
@@ -99,11 +101,29 @@ fn timeout_of(t: Option<f64>, what: &'static str) -> Result<Duration, ToolError>
     Ok(Duration::from_secs_f64(s))
 }
 
+/// What local setup commands may do (the trust boundary: README, "Tool
+/// resources").
+#[derive(Debug, Clone, Default)]
+pub struct CommandPolicy {
+    /// Local setup commands run at all (`--allow-environment-commands`).
+    pub allow: bool,
+    /// Run them as this uid and gid (`--sandbox-user`).
+    pub user: Option<(u32, u32)>,
+    /// Address-space limit of each command and its children, bytes
+    /// (`RLIMIT_AS`; also `memory.max` where the cgroup has the memory
+    /// controller).
+    pub memory_max: Option<u64>,
+}
+
 pub struct Environments {
     registry: Arc<Registry>,
     local: Arc<LocalSandbox>,
     docker: Arc<DockerBackend>,
     envs: Mutex<HashMap<String, watch::Sender<EnvStatus>>>,
+    policy: CommandPolicy,
+    cgroups: Cgroups,
+    /// Names environments' cgroups uniquely.
+    started: AtomicU64,
 }
 
 impl Environments {
@@ -111,12 +131,17 @@ impl Environments {
         registry: Arc<Registry>,
         local: Arc<LocalSandbox>,
         docker: Arc<DockerBackend>,
+        policy: CommandPolicy,
+        cgroups: Cgroups,
     ) -> Arc<Self> {
         Arc::new(Self {
             registry,
             local,
             docker,
             envs: Mutex::new(HashMap::new()),
+            policy,
+            cgroups,
+            started: AtomicU64::new(0),
         })
     }
 
@@ -148,10 +173,19 @@ impl Environments {
         };
         let (tx, job) = match (spec.local, spec.docker) {
             (Some(l), None) => {
-                let (dir, child, timeout) = self.start_local(program, &l)?;
+                let (dir, child, tree, timeout) = self.start_local(program, &l)?;
                 status.workdir = Some(dir.display().to_string());
                 let (tx, _) = watch::channel(status);
-                (tx, Job::Local { child, timeout })
+                let grace = self.local.grace();
+                (
+                    tx,
+                    Job::Local {
+                        child,
+                        tree,
+                        timeout,
+                        grace,
+                    },
+                )
             }
             (None, Some(d)) => {
                 check_image(&d.image)?;
@@ -180,7 +214,12 @@ impl Environments {
         let pending = sender.borrow().clone();
         tokio::spawn(async move {
             let result = match job {
-                Job::Local { child, timeout } => run_local(child, timeout).await,
+                Job::Local {
+                    child,
+                    tree,
+                    timeout,
+                    grace,
+                } => run_local(child, tree, timeout, grace).await,
                 Job::Docker { setup, timeout } => {
                     me.run_docker(&program, &setup, timeout, &sender).await
                 }
@@ -215,18 +254,25 @@ impl Environments {
         Ok(pending)
     }
 
-    /// Creates the directory, spawns the command in its own process group,
-    /// and declares both before returning, so nothing escapes the program.
+    /// Creates the directory, spawns the command (as the sandbox user, in a
+    /// cgroup of its own or carrying a token, under the memory limit), and
+    /// declares both before returning, so nothing escapes the program.
     fn start_local(
         &self,
         program: &str,
         l: &LocalSetup,
-    ) -> Result<(PathBuf, tokio::process::Child, Duration), ToolError> {
+    ) -> Result<(PathBuf, tokio::process::Child, Resource, Duration), ToolError> {
+        if !self.policy.allow {
+            return Err(ToolError::refused(
+                "environment.local",
+                "local setup commands are off (start the server with --allow-environment-commands and --sandbox-user)",
+            ));
+        }
         let timeout = timeout_of(l.timeout_s, "environment.local.timeout_s")?;
-        if l.command.trim().is_empty() {
+        if l.command.trim().is_empty() || l.command.contains('\0') {
             return Err(ToolError::Invalid {
                 what: "environment.local.command",
-                reason: "the command is empty".into(),
+                reason: "the command is empty or holds a NUL byte".into(),
             });
         }
         let rel = match &l.workdir {
@@ -234,29 +280,46 @@ impl Environments {
             None => PathBuf::from(format!("env-{}", sanitize(program))),
         };
         let dir = self.local.check_dir(&rel)?;
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| ToolError::io(format!("creating {}", dir.display()), e))?;
+        // A failure here is about the client's path (a file in the way,
+        // permissions): a refusal naming it, not a server fault.
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            ToolError::refused(
+                format!("dir {}", dir.display()),
+                format!("cannot create it: {e}"),
+            )
+        })?;
+        if let Some((uid, gid)) = self.policy.user {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+                .map_err(|e| ToolError::io(format!("chown {}", dir.display()), e))?;
+        }
         self.registry
             .declare(program, vec![Resource::Dir(dir.clone())])?;
-        let mut cmd = tokio::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg(&l.command)
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own group: the whole tree is killed on reclaim, and never
-            // the server's group.
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .map_err(|e| ToolError::io("spawning the setup command", e))?;
-        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-            self.registry
-                .declare(program, vec![Resource::Process { pid, started: 0 }])?;
-            info!(program, pid, dir = %dir.display(), "setup command started");
-        }
-        Ok((dir, child, timeout))
+        let token = tree::new_token();
+        let n = self.started.fetch_add(1, Ordering::Relaxed);
+        let cgroup = self.cgroups.create(
+            &format!("{}-{n}", sanitize(program)),
+            self.policy.memory_max,
+        );
+        let cmd = command(&l.command, &dir, &token, cgroup.as_deref(), &self.policy);
+        let child = match cmd.and_then(|mut c| c.spawn()) {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    let _ = std::fs::remove_dir(cg);
+                }
+                return Err(ToolError::io("spawning the setup command", e));
+            }
+        };
+        let root = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let tree = Resource::ProcessTree {
+            root,
+            started: crate::local::start_time(root).unwrap_or(0),
+            token,
+            cgroup,
+        };
+        self.registry.declare(program, vec![tree.clone()])?;
+        info!(program, pid = root, dir = %dir.display(), "setup command started");
+        Ok((dir, child, tree, timeout))
     }
 
     async fn run_docker(
@@ -312,7 +375,9 @@ impl Environments {
 enum Job {
     Local {
         child: tokio::process::Child,
+        tree: Resource,
         timeout: Duration,
+        grace: Duration,
     },
     Docker {
         setup: DockerSetup,
@@ -324,7 +389,12 @@ enum Job {
 /// collected by reader tasks and not awaited past the command's exit: a
 /// background process it left in its group (a server it started) keeps the
 /// pipes open for as long as it lives.
-async fn run_local(mut child: tokio::process::Child, timeout: Duration) -> Result<(), String> {
+async fn run_local(
+    mut child: tokio::process::Child,
+    tree: Resource,
+    timeout: Duration,
+    grace: Duration,
+) -> Result<(), String> {
     let output = Arc::new(Mutex::new(Vec::<u8>::new()));
     let mut readers = Vec::new();
     let pipes: [Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>; 2] = [
@@ -347,7 +417,6 @@ async fn run_local(mut child: tokio::process::Child, timeout: Duration) -> Resul
             }
         }));
     }
-    let pid = child.id();
     let result = tokio::time::timeout(timeout, child.wait()).await;
     // Output written just before the exit is still in the pipes.
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -360,12 +429,21 @@ async fn run_local(mut child: tokio::process::Child, timeout: Duration) -> Resul
     };
     match result {
         Err(_) => {
-            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-                // SAFETY: the group was created for this command alone.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            if let Resource::ProcessTree {
+                root,
+                started,
+                token,
+                cgroup,
+            } = &tree
+            {
+                if let Err(e) =
+                    tree::kill_tree(*root, *started, token, cgroup.as_deref(), grace).await
+                {
+                    warn!(error = %e, "killing a timed-out setup command");
+                }
             }
             Err(format!(
-                "the setup command timed out after {}s (its process group was killed)",
+                "the setup command timed out after {}s (it and its processes were killed)",
                 timeout.as_secs_f64()
             ))
         }
@@ -377,6 +455,67 @@ async fn run_local(mut child: tokio::process::Child, timeout: Duration) -> Resul
             Err(format!("the setup command failed ({s}): {tail}"))
         }
     }
+}
+
+/// `sh -c command` in `dir`, in its own process group, marked with `token`,
+/// joining `cgroup` and taking the policy's user and memory limit before it
+/// runs.
+fn command(
+    command: &str,
+    dir: &std::path::Path,
+    token: &str,
+    cgroup: Option<&std::path::Path>,
+    policy: &CommandPolicy,
+) -> std::io::Result<tokio::process::Command> {
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(dir)
+        .env(tree::TOKEN_VAR, token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, never the server's.
+        .process_group(0);
+    let procs = cgroup.and_then(tree::procs_path);
+    let memory = policy.memory_max;
+    let user = policy.user;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes async-signal-safe calls (open, write, close, setrlimit,
+    // setgroups, setgid, setuid) on data prepared before the fork. The user
+    // is switched here, not with `Command::uid` (which std applies before
+    // these closures), because joining the cgroup needs the server's rights.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fail = || Err(std::io::Error::last_os_error());
+            if let Some(p) = &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return fail();
+                }
+                libc::close(fd);
+            }
+            if let Some(bytes) = memory {
+                let lim = libc::rlimit {
+                    rlim_cur: bytes,
+                    rlim_max: bytes,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return fail();
+                }
+            }
+            if let Some((uid, gid)) = user {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return fail();
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd)
 }
 
 /// Program ids are client strings: keep `[A-Za-z0-9_.-]` for a directory name.

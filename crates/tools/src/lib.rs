@@ -21,6 +21,7 @@ mod error;
 mod local;
 mod registry;
 mod resource;
+mod tree;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,14 +30,15 @@ use std::time::Duration;
 pub use backend::{Backend, BoxFuture};
 pub use docker::{DockerBackend, DockerConfig};
 pub use environment::{
-    DockerSetup, EnvState, EnvStatus, EnvironmentSpec, Environments, LocalSetup,
+    CommandPolicy, DockerSetup, EnvState, EnvStatus, EnvironmentSpec, Environments, LocalSetup,
 };
 pub use error::ToolError;
-pub use local::LocalSandbox;
+pub use local::{ForeignPids, LocalSandbox};
 pub use registry::{
     ProgramResources, ReclaimConfig, Registry, ResourceState, ResourceStatus, ToolMetrics,
 };
 pub use resource::{Resource, ToolResources};
+pub use tree::Cgroups;
 
 /// How the server's tool side is set up (`agentd serve` flags).
 #[derive(Debug, Clone)]
@@ -54,6 +56,10 @@ pub struct ToolsConfig {
     /// this long without a declaration: the engine's inactivity lease, for
     /// programs outside the engine. `None`: only a release ends them.
     pub orphan_lease: Option<Duration>,
+    /// Which client-declared pids may be signalled.
+    pub foreign_pids: ForeignPids,
+    /// Local setup commands of environments.
+    pub commands: CommandPolicy,
 }
 
 impl Default for ToolsConfig {
@@ -65,8 +71,33 @@ impl Default for ToolsConfig {
             reclaim: ReclaimConfig::default(),
             reclaim_on_exit: false,
             orphan_lease: None,
+            foreign_pids: ForeignPids::default(),
+            commands: CommandPolicy::default(),
         }
     }
+}
+
+/// The uid and gid of `user`: a name from /etc/passwd, or `UID[:GID]`.
+pub fn resolve_user(user: &str) -> Result<(u32, u32), ToolError> {
+    let bad = |reason: String| ToolError::Invalid {
+        what: "sandbox user",
+        reason,
+    };
+    if let Some((u, g)) = user.split_once(':') {
+        let parse = |s: &str| s.parse::<u32>().map_err(|e| bad(format!("{user}: {e}")));
+        return Ok((parse(u)?, parse(g)?));
+    }
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok((uid, uid));
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd")
+        .map_err(|e| bad(format!("reading /etc/passwd: {e}")))?;
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&user))
+        .and_then(|f| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))
+        .ok_or_else(|| bad(format!("no user `{user}` in /etc/passwd")))
 }
 
 /// The registry, its backends and environment preparation, wired together.
@@ -82,11 +113,26 @@ impl Tools {
         let local = Arc::new(LocalSandbox::new(
             cfg.sandbox_root.as_deref(),
             cfg.kill_grace,
+            cfg.foreign_pids,
         )?);
+        // SAFETY: geteuid only reads process state.
+        let root_user = unsafe { libc::geteuid() } == 0;
+        if cfg.commands.allow && root_user && cfg.commands.user.is_none_or(|(uid, _)| uid == 0) {
+            return Err(ToolError::Invalid {
+                what: "environment commands",
+                reason: "the server runs as root: --allow-environment-commands needs --sandbox-user naming an unprivileged user".into(),
+            });
+        }
+        let cgroups = if cfg.commands.allow {
+            Cgroups::detect()
+        } else {
+            Cgroups::none()
+        };
         let docker = Arc::new(DockerBackend::new(cfg.docker));
         let backends: Vec<Arc<dyn Backend>> = vec![local.clone(), docker.clone()];
         let registry = Registry::new(backends, cfg.reclaim);
-        let environments = Environments::new(registry.clone(), local, docker);
+        let environments =
+            Environments::new(registry.clone(), local, docker, cfg.commands, cgroups);
         Ok(Self {
             registry,
             environments,

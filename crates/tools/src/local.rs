@@ -29,11 +29,27 @@ pub struct LocalSandbox {
     root: Option<PathBuf>,
     /// Between SIGTERM and SIGKILL.
     grace: Duration,
+    /// Which declared pids (processes agentd did not start) are admitted.
+    foreign: ForeignPids,
+}
+
+/// Processes a client declares by pid: agentd cannot prove they belong to
+/// the program, so they are refused unless the operator opts in
+/// (`--allow-foreign-pids`), and even then only the server's own uid's
+/// unless `any_uid` (`--allow-foreign-pids-any-uid`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForeignPids {
+    pub allow: bool,
+    pub any_uid: bool,
 }
 
 impl LocalSandbox {
     /// `root` must be an existing directory; it is canonicalised once here.
-    pub fn new(root: Option<&Path>, grace: Duration) -> Result<Self, ToolError> {
+    pub fn new(
+        root: Option<&Path>,
+        grace: Duration,
+        foreign: ForeignPids,
+    ) -> Result<Self, ToolError> {
         let root = match root {
             Some(r) => {
                 let c = r
@@ -49,12 +65,21 @@ impl LocalSandbox {
             }
             None => None,
         };
-        info!(root = ?root, grace_ms = grace.as_millis() as u64, "local sandbox backend");
-        Ok(Self { root, grace })
+        info!(root = ?root, grace_ms = grace.as_millis() as u64, ?foreign, "local sandbox backend");
+        Ok(Self {
+            root,
+            grace,
+            foreign,
+        })
     }
 
     pub fn root(&self) -> Option<&Path> {
         self.root.as_deref()
+    }
+
+    /// Between SIGTERM and SIGKILL.
+    pub fn grace(&self) -> Duration {
+        self.grace
     }
 
     /// The canonical form of `p` (relative paths are taken under the root),
@@ -69,6 +94,7 @@ impl LocalSandbox {
                 "no sandbox root is configured (start the server with --sandbox-root DIR)",
             ));
         };
+        check_path_text(p)?;
         if p.components().any(|c| matches!(c, Component::ParentDir)) {
             return Err(ToolError::refused(
                 format!("dir {shown}"),
@@ -104,7 +130,14 @@ impl LocalSandbox {
                     rest.push(name.to_os_string());
                     existing = parent;
                 }
-                Err(e) => return Err(ToolError::io(format!("resolving {shown}"), e)),
+                // ENOTDIR (a component is a file), ELOOP, EACCES: the
+                // client's path cannot be used; refused, naming it.
+                Err(e) => {
+                    return Err(ToolError::refused(
+                        format!("dir {shown}"),
+                        format!("it cannot be resolved: {e}"),
+                    ))
+                }
             }
         };
         let mut c = base;
@@ -131,6 +164,24 @@ impl LocalSandbox {
         let what = format!("pid {pid}");
         if pid <= 1 {
             return Err(ToolError::refused(what, "pids <= 1 are never signalled"));
+        }
+        if !self.foreign.allow {
+            return Err(ToolError::refused(what, "agentd signals only processes it started (environments); declaring other pids needs the server flag --allow-foreign-pids"));
+        }
+        if !self.foreign.any_uid {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: geteuid only reads process state.
+            let me = unsafe { libc::geteuid() };
+            match std::fs::metadata(format!("/proc/{pid}")) {
+                Ok(m) if m.uid() == me => {}
+                Ok(m) => {
+                    return Err(ToolError::refused(
+                        what,
+                        format!("it belongs to uid {}, not the server's {me} (--allow-foreign-pids-any-uid admits it)", m.uid()),
+                    ))
+                }
+                Err(e) => return Err(ToolError::refused(what, format!("no such process ({e})"))),
+            }
         }
         // SAFETY: getpid/getpgrp/getpgid only read process state.
         let (me, my_group, group) =
@@ -226,6 +277,34 @@ impl LocalSandbox {
     }
 }
 
+/// Longest path component and path Linux accepts (NAME_MAX, PATH_MAX).
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
+
+/// Refuses what the kernel would refuse with an error that is not the
+/// client's to read (EINVAL for a NUL byte, ENAMETOOLONG), naming the path.
+fn check_path_text(p: &Path) -> Result<(), ToolError> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = p.as_os_str().as_bytes();
+    let what = || format!("dir {}", p.display());
+    if bytes.contains(&0) {
+        return Err(ToolError::refused(what(), "it contains a NUL byte"));
+    }
+    if bytes.len() >= PATH_MAX {
+        return Err(ToolError::refused(
+            what(),
+            format!("it is longer than {PATH_MAX} bytes"),
+        ));
+    }
+    if p.components().any(|c| c.as_os_str().len() > NAME_MAX) {
+        return Err(ToolError::refused(
+            what(),
+            format!("a component is longer than {NAME_MAX} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// What to signal: a group or one process, with its leader's start time
 /// when it was declared.
 #[derive(Debug, Clone, Copy)]
@@ -312,6 +391,12 @@ fn proc_stat(pid: i32) -> Option<ProcStat> {
     })
 }
 
+/// When `pid` started (clock ticks after boot), to tell it apart from a
+/// later process reusing its pid.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    proc_stat(pid).map(|s| s.started)
+}
+
 /// States of every process in group `pgid`; `None` without /proc.
 fn group_members(pgid: i32) -> Option<Vec<char>> {
     let dir = std::fs::read_dir("/proc").ok()?;
@@ -337,7 +422,10 @@ impl Backend for LocalSandbox {
     fn handles(&self, r: &Resource) -> bool {
         matches!(
             r,
-            Resource::Dir(_) | Resource::ProcessGroup { .. } | Resource::Process { .. }
+            Resource::Dir(_)
+                | Resource::ProcessGroup { .. }
+                | Resource::Process { .. }
+                | Resource::ProcessTree { .. }
         )
     }
 
@@ -347,6 +435,9 @@ impl Backend for LocalSandbox {
             Resource::Process { pid, .. } | Resource::ProcessGroup { pid, .. } => {
                 self.check_pid(pid)
             }
+            // Made by `Environments` for a command it started, never parsed
+            // from a client.
+            tree @ Resource::ProcessTree { .. } => Ok(tree),
             other => Err(ToolError::NoBackend(other.to_string())),
         }
     }
@@ -359,6 +450,15 @@ impl Backend for LocalSandbox {
                     self.kill(Target::Group(*pid, *started)).await
                 }
                 Resource::Process { pid, started } => self.kill(Target::Pid(*pid, *started)).await,
+                Resource::ProcessTree {
+                    root,
+                    started,
+                    token,
+                    cgroup,
+                } => {
+                    crate::tree::kill_tree(*root, *started, token, cgroup.as_deref(), self.grace)
+                        .await
+                }
                 other => Err(ToolError::NoBackend(other.to_string())),
             }
         })
@@ -372,7 +472,11 @@ mod tests {
 
     fn sandbox() -> (tempfile::TempDir, LocalSandbox) {
         let t = tempfile::tempdir().unwrap();
-        let s = LocalSandbox::new(Some(t.path()), Duration::from_millis(200)).unwrap();
+        let foreign = ForeignPids {
+            allow: true,
+            any_uid: false,
+        };
+        let s = LocalSandbox::new(Some(t.path()), Duration::from_millis(200), foreign).unwrap();
         (t, s)
     }
 
@@ -402,7 +506,16 @@ mod tests {
         assert!(e.to_string().contains("not inside the sandbox root"), "{e}");
         std::os::unix::fs::symlink("/nonexistent-target", root.join("dangling")).unwrap();
         assert!(s.check_dir(&root.join("dangling/x")).is_err());
-        let none = LocalSandbox::new(None, Duration::ZERO).unwrap();
+        // Paths the kernel refuses are the client's error, naming the path.
+        std::fs::write(root.join("file"), b"x").unwrap();
+        let long = "n".repeat(300);
+        for bad in ["file/sub", "a\0b", long.as_str()] {
+            let e = s.check_dir(Path::new(bad)).unwrap_err();
+            assert!(matches!(e, ToolError::Refused { .. }), "{bad:?}: {e}");
+            assert!(e.is_client_error());
+            assert!(e.to_string().contains(&bad[..4.min(bad.len())]), "{e}");
+        }
+        let none = LocalSandbox::new(None, Duration::ZERO, ForeignPids::default()).unwrap();
         assert!(none
             .check_dir(Path::new("/tmp/x"))
             .unwrap_err()
@@ -428,6 +541,40 @@ mod tests {
         assert!(e.to_string().contains("own process group"), "{e}");
         same.kill().unwrap();
         same.wait().unwrap();
+        // Without --allow-foreign-pids no declared pid is admitted.
+        let mut own = std::process::Command::new("sleep")
+            .arg("5")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let strict = LocalSandbox::new(None, Duration::ZERO, ForeignPids::default()).unwrap();
+        let e = strict.check_pid(own.id() as i32).unwrap_err();
+        assert!(e.to_string().contains("--allow-foreign-pids"), "{e}");
+        assert!(s.check_pid(own.id() as i32).is_ok(), "admitted with the flag");
+        own.kill().unwrap();
+        own.wait().unwrap();
+        // Another uid's process (spawnable only as root): refused even with
+        // the flag unless any uid is allowed.
+        // SAFETY: geteuid only reads process state.
+        if unsafe { libc::geteuid() } == 0 {
+            let mut other = std::process::Command::new("sleep")
+                .arg("5")
+                .uid(65534)
+                .gid(65534)
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            let e = s.check_pid(other.id() as i32).unwrap_err();
+            assert!(e.to_string().contains("uid 65534"), "{e}");
+            let any = ForeignPids {
+                allow: true,
+                any_uid: true,
+            };
+            let lax = LocalSandbox::new(None, Duration::ZERO, any).unwrap();
+            assert!(lax.check_pid(other.id() as i32).is_ok());
+            other.kill().unwrap();
+            other.wait().unwrap();
+        }
     }
 
     #[tokio::test]

@@ -26,6 +26,16 @@ pub enum Resource {
     /// A single process that does not lead its group: SIGTERM, then SIGKILL.
     /// (Its group may hold processes the program never declared.)
     Process { pid: i32, started: u64 },
+    /// The processes of an environment command agentd started (`root`),
+    /// wherever they moved (see `tree.rs`): its cgroup's members, or the
+    /// processes carrying `token` or descending from `root`. Never declared
+    /// by clients.
+    ProcessTree {
+        root: i32,
+        started: u64,
+        token: String,
+        cgroup: Option<PathBuf>,
+    },
 }
 
 impl Resource {
@@ -37,6 +47,7 @@ impl Resource {
             Resource::Dir(_) => "dir",
             Resource::ProcessGroup { .. } => "process_group",
             Resource::Process { .. } => "process",
+            Resource::ProcessTree { .. } => "process_tree",
         }
     }
 
@@ -46,6 +57,7 @@ impl Resource {
             Resource::DockerContainer(s) | Resource::DockerVolume(s) => s.clone(),
             Resource::Dir(p) => p.display().to_string(),
             Resource::ProcessGroup { pid, .. } | Resource::Process { pid, .. } => pid.to_string(),
+            Resource::ProcessTree { root, .. } => root.to_string(),
         }
     }
 }

@@ -9,11 +9,17 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use agentd_tools::{
-    DockerConfig, EnvState, EnvironmentSpec, LocalSetup, ReclaimConfig, ResourceState, ToolError,
+    CommandPolicy, DockerConfig, EnvState, ForeignPids, EnvironmentSpec, LocalSetup, ReclaimConfig, ResourceState, ToolError,
     ToolResources, Tools, ToolsConfig,
 };
 
 fn tools(root: &Path) -> Tools {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid only reads process state.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    // Setup commands run as `nobody` when the tests run as root: it must be
+    // able to reach its directory.
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     Tools::new(ToolsConfig {
         sandbox_root: Some(root.to_path_buf()),
         kill_grace: Duration::from_millis(300),
@@ -29,6 +35,16 @@ fn tools(root: &Path) -> Tools {
         },
         reclaim_on_exit: false,
         orphan_lease: None,
+        // These tests declare process groups they started themselves.
+        foreign_pids: ForeignPids {
+            allow: true,
+            any_uid: false,
+        },
+        commands: CommandPolicy {
+            allow: true,
+            user: as_root.then_some((65534, 65534)),
+            memory_max: Some(1 << 30),
+        },
     })
     .expect("tools")
 }
@@ -414,7 +430,7 @@ async fn local_preparation_runs_in_the_background_and_is_reclaimed_with_the_prog
         .iter()
         .map(|r| r.kind)
         .collect();
-    assert_eq!(kinds, vec!["dir", "process_group"]);
+    assert_eq!(kinds, vec!["dir", "process_tree"]);
     tools.program_ended("p", "final");
     assert!(tools.registry.wait_idle(Duration::from_secs(10)).await);
     assert!(!Path::new(&workdir).exists());

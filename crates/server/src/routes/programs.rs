@@ -10,9 +10,21 @@ use agentd_engine::ProgramStatus;
 use crate::app::{parse_json, SharedState};
 use crate::error::ApiError;
 use crate::protocol::ReleaseRequest;
+use crate::tenant::Caller;
 
+/// The caller's programs, under the ids the caller gave them.
 pub async fn list(State(state): State<SharedState>) -> Json<Vec<ProgramStatus>> {
-    Json(state.engine.programs())
+    let caller = Caller::current();
+    let mine = state
+        .engine
+        .programs()
+        .into_iter()
+        .filter_map(|mut p| {
+            p.id = caller.own(&p.id)?.to_string();
+            Some(p)
+        })
+        .collect();
+    Json(mine)
 }
 
 /// Ends a program: cancels its requests and frees its KV. 404 if unknown.
@@ -21,7 +33,8 @@ pub async fn release(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let req: ReleaseRequest = parse_json(&body)?;
-    if state.engine.release(&req.program_id) {
+    let key = Caller::current().program_key(&req.program_id);
+    if state.engine.release(&key) {
         // Its tool resources follow through the engine's end event.
         tracing::info!(program = %req.program_id, "program released by client");
         Ok(Json(
@@ -30,17 +43,20 @@ pub async fn release(
     } else if state
         .tools
         .registry
-        .program(&req.program_id)
+        .program(&key)
         .is_some_and(|p| p.ended.is_none())
     {
         // Resources declared for a program that never ran (or whose engine
         // side already ended): the release ends them directly.
-        let n = state.tools.program_ended(&req.program_id, "released");
+        let n = state.tools.program_ended(&key, "released");
         tracing::info!(program = %req.program_id, reclaiming = n, "program known only to the tool registry released");
         Ok(Json(
             json!({"released": true, "program_id": req.program_id}),
         ))
     } else {
+        // Its first request may be racing this release: that request will
+        // run as the program's last.
+        state.released.remember(&key);
         Err(ApiError::ProgramNotFound(req.program_id))
     }
 }

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use crate::app::{parse_json, SharedState};
 use crate::error::ApiError;
 use crate::program_id;
+use crate::tenant::Caller;
 
 /// Longest `?wait=` accepted, seconds.
 const MAX_WAIT_S: f64 = 600.0;
@@ -27,18 +28,19 @@ pub async fn declare(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     program_id::check(&id)?;
+    let key = Caller::current().program_key(&id);
     let v: Value = parse_json(&body)?;
     let v = v.get("tool_resources").cloned().unwrap_or(v);
     let spec = ToolResources::from_json(&v).map_err(|e| ApiError::tools("tool_resources", e))?;
     let declared = state
         .tools
-        .declare(&id, &spec)
+        .declare(&key, &spec)
         .map_err(|e| ApiError::tools("tool_resources", e))?;
-    tracing::info!(program = %id, resources = declared.len(), "tool resources declared");
+    tracing::info!(program = %key, resources = declared.len(), "tool resources declared");
     Ok(Json(json!({
         "program_id": id,
         "declared": declared.len(),
-        "tool_resources": state.tools.registry.program(&id),
+        "tool_resources": state.tools.registry.program(&key),
     })))
 }
 
@@ -48,9 +50,21 @@ pub async fn program(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     program_id::check(&id)?;
-    let engine = state.engine.programs().into_iter().find(|p| p.id == id);
-    let tools = state.tools.registry.program(&id);
-    let env = state.tools.environments.status(&id);
+    let key = Caller::current().program_key(&id);
+    let engine = state
+        .engine
+        .programs()
+        .into_iter()
+        .find(|p| p.id == key)
+        .map(|mut p| {
+            p.id.clone_from(&id);
+            p
+        });
+    let tools = state.tools.registry.program(&key);
+    let env = state.tools.environments.status(&key).map(|mut s| {
+        s.program_id.clone_from(&id);
+        s
+    });
     if engine.is_none() && tools.is_none() && env.is_none() {
         return Err(ApiError::ProgramNotFound(id));
     }
@@ -76,11 +90,13 @@ pub async fn prepare(
             format!("invalid environment spec: {e} (expected {{\"local\": {{\"command\", \"workdir\"?, \"timeout_s\"?}}}} or {{\"docker\": {{\"image\", \"cmd\"?, \"timeout_s\"?}}}})"),
         )
     })?;
-    let status = state
+    let key = Caller::current().program_key(&id);
+    let mut status = state
         .tools
         .environments
-        .start(&id, spec)
+        .start(&key, spec)
         .map_err(|e| ApiError::tools("environment", e))?;
+    status.program_id = id;
     Ok((StatusCode::ACCEPTED, Json(status)).into_response())
 }
 
@@ -110,14 +126,18 @@ pub async fn environment(
                 )
             })?,
     };
+    let key = Caller::current().program_key(&id);
     let envs = &state.tools.environments;
     let status = if wait > 0.0 {
-        envs.wait(&id, Duration::from_secs_f64(wait)).await
+        envs.wait(&key, Duration::from_secs_f64(wait)).await
     } else {
-        envs.status(&id)
+        envs.status(&key)
     };
     match status {
-        Some(s) => Ok(Json(s).into_response()),
+        Some(mut s) => {
+            s.program_id.clone_from(&id);
+            Ok(Json(s).into_response())
+        }
         None => Err(ApiError::ProgramNotFound(id)),
     }
 }

@@ -119,18 +119,29 @@ pub fn start_tools(
     cfg: EngineConfig,
     tools: agentd_tools::ToolsConfig,
 ) -> Server {
+    start_tweaked(api_key, cfg, tools, |_| {})
+}
+
+/// [`start_tools`], with `tweak` applied to the state before serving
+/// (connection limits, tenants).
+pub fn start_tweaked(
+    api_key: Option<&str>,
+    cfg: EngineConfig,
+    tools: agentd_tools::ToolsConfig,
+    tweak: impl FnOnce(&mut AppState),
+) -> Server {
     let dir = model_dir();
     let engine = Engine::start(dir, cfg).expect("engine");
-    let state = Arc::new(
-        AppState::with_tools(
-            engine,
-            dir,
-            MODEL.to_string(),
-            api_key.map(str::to_string),
-            tools,
-        )
-        .expect("state"),
-    );
+    let mut state = AppState::with_tools(
+        engine,
+        dir,
+        MODEL.to_string(),
+        api_key.map(str::to_string),
+        tools,
+    )
+    .expect("state");
+    tweak(&mut state);
+    let state = Arc::new(state);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = async move {
         let _ = stop_rx.await;
@@ -212,12 +223,40 @@ pub fn request(
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(120))).ok();
     write_request(&mut s, method, path, headers, body);
+    read_response(s)
+}
+
+/// Sends `bytes` as they are (a request the tests build by hand, malformed
+/// or not) and reads the response until the server closes.
+pub fn raw_request(addr: SocketAddr, bytes: &[u8]) -> Resp {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    // The server may answer (413) and close before reading everything.
+    // The write side stays open: hyper drops a request whose client closed
+    // it (no half-close), so that hung-up clients' requests are cancelled.
+    let _ = s.write_all(bytes);
+    read_response(s)
+}
+
+fn read_response(mut s: TcpStream) -> Resp {
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("header end");
+    let mut buf = [0u8; 8192];
+    // A reset after the response (unread request bytes) ends the read too.
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        // No response at all (the connection was dropped): status 0, for
+        // the caller to report with what it sent.
+        return Resp {
+            status: 0,
+            headers: Vec::new(),
+            body: String::from_utf8_lossy(&raw).into_owned(),
+        };
+    };
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let mut lines = head.lines();
     let status: u16 = lines
@@ -328,4 +367,22 @@ pub fn assert_terminated(mut child: std::process::Child) {
         std::io::Error::last_os_error().raw_os_error(),
         Some(libc::ESRCH)
     );
+}
+
+/// Environment commands allowed, as `nobody` when the tests run as root
+/// (the server refuses to run them as root); `root` (the sandbox root) is
+/// made traversable for that user.
+pub fn test_commands(root: &Path) -> agentd_tools::CommandPolicy {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid only reads process state.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    if as_root {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod sandbox root");
+    }
+    agentd_tools::CommandPolicy {
+        allow: true,
+        user: as_root.then_some((65534, 65534)),
+        memory_max: Some(1 << 30),
+    }
 }
