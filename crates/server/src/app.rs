@@ -18,8 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
-use tower_http::timeout::RequestBodyTimeoutLayer;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::error::ApiError;
 use crate::fallback;
@@ -258,9 +258,7 @@ async fn require_api_key(State(state): State<SharedState>, req: Request, next: N
 /// is case-insensitive (RFC 9110 §11.1).
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim_start().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves; then stops the

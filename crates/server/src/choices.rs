@@ -79,9 +79,7 @@ pub fn submit(
 ) -> Result<Vec<Choice>, ApiError> {
     // The engine and the tool side know the program under its tenant's key.
     let mut program = program.clone();
-    program.program = program
-        .program
-        .map(|id| Caller::current().program_key(&id));
+    program.program = program.program.map(|id| Caller::current().program_key(&id));
     let program = &program;
     let released = program
         .program

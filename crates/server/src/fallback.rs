@@ -31,7 +31,11 @@ pub async fn no_route(req: Request) -> ApiError {
 pub async fn wrong_method(req: Request) -> ApiError {
     ApiError::Http {
         status: StatusCode::METHOD_NOT_ALLOWED,
-        message: format!("method {} is not allowed on {}", req.method(), req.uri().path()),
+        message: format!(
+            "method {} is not allowed on {}",
+            req.method(),
+            req.uri().path()
+        ),
     }
 }
 

@@ -38,6 +38,6 @@ pub mod tenant;
 pub mod tombstone;
 
 pub use app::{router, serve, AppState, SetupError, SharedState};
+pub use error::ApiError;
 pub use listener::ConnectionLimits;
 pub use tenant::ApiKeys;
-pub use error::ApiError;

@@ -36,13 +36,18 @@ pub fn build(
     }
     let room = max_model_len - prompt_len;
     let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
-        Some(0) => return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1")),
+        Some(0) => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ))
+        }
         Some(m) if m > room as u64 => {
             return Err(ApiError::ContextTooLong(format!(
                 "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt_len} in the messages, {m} in the completion). Please reduce the length of the messages or completion.",
                 // u128: `m` is the client's and may be u64::MAX.
                 prompt_len as u128 + u128::from(m)
-            )))
+            )));
         }
         Some(m) => m as usize,
         None => room,
@@ -150,10 +155,7 @@ mod tests {
         // The largest max_tokens: the total in the message does not wrap
         // (nor panic with overflow checks).
         let e = err(r#"{"max_tokens":18446744073709551615}"#, 5);
-        assert!(
-            e.to_string().contains("18446744073709551620 tokens"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("18446744073709551620 tokens"), "{e}");
         assert!(matches!(
             err(r#"{"temperature":-1}"#, 5),
             ApiError::InvalidParam {

@@ -19,8 +19,10 @@ fn sleepers(arg: &str) -> Vec<i32> {
             continue;
         };
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let live = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| s.rfind(')').is_some_and(|i| !s[i + 1..].trim_start().starts_with('Z')));
+        let live = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rfind(')')
+                .is_some_and(|i| !s[i + 1..].trim_start().starts_with('Z'))
+        });
         if live && cmd == format!("sleep\0{arg}\0").as_bytes() {
             out.push(pid);
         }
@@ -53,7 +55,11 @@ fn declared_pids_and_environment_commands_are_off_by_default() {
         &json!({"local": {"command": "true"}}),
     );
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("--allow-environment-commands"), "{}", r.body);
+    assert!(
+        r.body.contains("--allow-environment-commands"),
+        "{}",
+        r.body
+    );
     // A release of the program signals nothing.
     post(srv.addr, "/programs/release", &json!({"program_id": "p"}));
     std::thread::sleep(Duration::from_millis(200));
@@ -98,7 +104,10 @@ fn an_environments_detached_children_die_with_its_program() {
     let r = post(srv.addr, "/programs/release", &json!({"program_id": "env"}));
     assert_eq!(r.status, 200, "{}", r.body);
     let deadline = Instant::now() + Duration::from_secs(15);
-    while ["4242", "4243", "4244"].iter().any(|a| !sleepers(a).is_empty()) {
+    while ["4242", "4243", "4244"]
+        .iter()
+        .any(|a| !sleepers(a).is_empty())
+    {
         assert!(
             Instant::now() < deadline,
             "survivors: {:?}",

@@ -180,7 +180,7 @@ impl Environments {
                 (
                     tx,
                     Job::Local {
-                        child,
+                        child: Box::new(child),
                         tree,
                         timeout,
                         grace,
@@ -219,7 +219,7 @@ impl Environments {
                     tree,
                     timeout,
                     grace,
-                } => run_local(child, tree, timeout, grace).await,
+                } => run_local(*child, tree, timeout, grace).await,
                 Job::Docker { setup, timeout } => {
                     me.run_docker(&program, &setup, timeout, &sender).await
                 }
@@ -374,7 +374,7 @@ impl Environments {
 
 enum Job {
     Local {
-        child: tokio::process::Child,
+        child: Box<tokio::process::Child>,
         tree: Resource,
         timeout: Duration,
         grace: Duration,

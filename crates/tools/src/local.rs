@@ -550,7 +550,10 @@ mod tests {
         let strict = LocalSandbox::new(None, Duration::ZERO, ForeignPids::default()).unwrap();
         let e = strict.check_pid(own.id() as i32).unwrap_err();
         assert!(e.to_string().contains("--allow-foreign-pids"), "{e}");
-        assert!(s.check_pid(own.id() as i32).is_ok(), "admitted with the flag");
+        assert!(
+            s.check_pid(own.id() as i32).is_ok(),
+            "admitted with the flag"
+        );
         own.kill().unwrap();
         own.wait().unwrap();
         // Another uid's process (spawnable only as root): refused even with

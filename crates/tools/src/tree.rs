@@ -293,9 +293,15 @@ mod tests {
         let started = crate::local::start_time(root).unwrap();
         let members = members(root, started, &token, cgroup.as_deref());
         assert!(members.len() >= 3, "{members:?}");
-        kill_tree(root, started, &token, cgroup.as_deref(), Duration::from_millis(200))
-            .await
-            .unwrap();
+        kill_tree(
+            root,
+            started,
+            &token,
+            cgroup.as_deref(),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
         let _ = child.wait();
         let deadline = Instant::now() + Duration::from_secs(5);
         while sleepers(&a) + sleepers(&b) > 0 {

@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use agentd_tools::{
-    CommandPolicy, DockerConfig, EnvState, ForeignPids, EnvironmentSpec, LocalSetup, ReclaimConfig, ResourceState, ToolError,
-    ToolResources, Tools, ToolsConfig,
+    CommandPolicy, DockerConfig, EnvState, EnvironmentSpec, ForeignPids, LocalSetup, ReclaimConfig,
+    ResourceState, ToolError, ToolResources, Tools, ToolsConfig,
 };
 
 fn tools(root: &Path) -> Tools {

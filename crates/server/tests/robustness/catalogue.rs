@@ -13,9 +13,24 @@ const BIG: u64 = u64::MAX;
 /// Bodies that are not the expected JSON object at all.
 fn malformed_bodies() -> Vec<Vec<u8>> {
     let mut v: Vec<Vec<u8>> = [
-        "", " ", "{", "}", "null", "[]", "1", "\"s\"", "true", "{\"a\":", "{'a': 1}",
-        "{\"model\": NaN}", "{\"model\": Infinity}", "{\"max_tokens\": 1e999999}",
-        "{\"a\":1,}", "\u{feff}{}", "{\"a\":\"\\ud800\"}", "{\"a\":\"\\u00\"}",
+        "",
+        " ",
+        "{",
+        "}",
+        "null",
+        "[]",
+        "1",
+        "\"s\"",
+        "true",
+        "{\"a\":",
+        "{'a': 1}",
+        "{\"model\": NaN}",
+        "{\"model\": Infinity}",
+        "{\"max_tokens\": 1e999999}",
+        "{\"a\":1,}",
+        "\u{feff}{}",
+        "{\"a\":\"\\ud800\"}",
+        "{\"a\":\"\\u00\"}",
     ]
     .iter()
     .map(|s| s.as_bytes().to_vec())
@@ -146,10 +161,16 @@ fn endpoint_bodies() -> Vec<(&'static str, Value)> {
         chat("messages", json!([{"role": "bogus", "content": "x"}])),
         chat("messages", json!([{"content": "x"}])),
         chat("messages", json!([{"role": "user", "content": 5}])),
-        chat("messages", json!([{"role": "user", "content": [{"type": "image_url"}]}])),
+        chat(
+            "messages",
+            json!([{"role": "user", "content": [{"type": "image_url"}]}]),
+        ),
         chat("messages", json!([{"role": "user"}])),
         chat("messages", json!([null])),
-        chat("messages", json!([{"role": "user", "content": "x".repeat(200_000)}])),
+        chat(
+            "messages",
+            json!([{"role": "user", "content": "x".repeat(200_000)}]),
+        ),
         chat("chat_template_kwargs", json!(5)),
         chat("continue_final_message", json!(true)),
         chat("add_generation_prompt", json!("x")),
@@ -182,22 +203,49 @@ fn endpoint_bodies() -> Vec<(&'static str, Value)> {
         ("/programs/p/resources", json!({"pids": [0]})),
         ("/programs/p/resources", json!({"pids": [-1]})),
         ("/programs/p/resources", json!({"pids": [i32::MAX]})),
-        ("/programs/p/resources", json!({"pids": [std::process::id()]})),
+        (
+            "/programs/p/resources",
+            json!({"pids": [std::process::id()]}),
+        ),
         ("/programs/p/resources", json!({"docker": ["a/b"]})),
         ("/programs/p/resources", json!({"tool_resources": 5})),
         ("/programs/p/resources", json!({"dir": ["x"]})),
         ("/programs/p/environment", json!({})),
         ("/programs/p/environment", json!({"local": {}})),
         ("/programs/p/environment", json!({"local": {"command": ""}})),
-        ("/programs/p/environment", json!({"local": {"command": "a\u{0}b"}})),
-        ("/programs/p/environment", json!({"local": {"command": "true", "timeout_s": -1}})),
-        ("/programs/p/environment", json!({"local": {"command": "true", "timeout_s": 1e9}})),
-        ("/programs/p/environment", json!({"local": {"command": "true", "workdir": "../x"}})),
-        ("/programs/p/environment", json!({"local": {"command": "true", "workdir": "file/sub"}})),
-        ("/programs/p/environment", json!({"local": {"command": "true", "workdir": "a\u{0}"}})),
-        ("/programs/p/environment", json!({"docker": {"image": "a?b"}})),
+        (
+            "/programs/p/environment",
+            json!({"local": {"command": "a\u{0}b"}}),
+        ),
+        (
+            "/programs/p/environment",
+            json!({"local": {"command": "true", "timeout_s": -1}}),
+        ),
+        (
+            "/programs/p/environment",
+            json!({"local": {"command": "true", "timeout_s": 1e9}}),
+        ),
+        (
+            "/programs/p/environment",
+            json!({"local": {"command": "true", "workdir": "../x"}}),
+        ),
+        (
+            "/programs/p/environment",
+            json!({"local": {"command": "true", "workdir": "file/sub"}}),
+        ),
+        (
+            "/programs/p/environment",
+            json!({"local": {"command": "true", "workdir": "a\u{0}"}}),
+        ),
+        (
+            "/programs/p/environment",
+            json!({"docker": {"image": "a?b"}}),
+        ),
         ("/programs/p/environment", json!({"docker": {"image": ""}})),
-        ("/programs/p/environment", json!({"local": {"command": "true"}, "docker": {"image": "a"}})),
+        (
+            "/programs/p/environment",
+            json!({"local": {"command": "true"}, "docker": {"image": "a"}}),
+        ),
         ("/programs/p/environment", json!({"shell": "true"})),
     ];
     for (k, val) in field_mutations() {

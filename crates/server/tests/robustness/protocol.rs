@@ -77,7 +77,12 @@ fn a_stalled_body_times_out_with_a_json_error() {
         srv.addr,
         &post_raw("/v1/completions", "Content-Length: 100\r\n", b"{\"a\""),
     );
-    assert!(r.status == 400 || r.status == 408, "{}: {}", r.status, r.body);
+    assert!(
+        r.status == 400 || r.status == 408,
+        "{}: {}",
+        r.status,
+        r.body
+    );
     assert_error_shape(&r, "stalled body");
     assert!(t0.elapsed() < std::time::Duration::from_secs(10));
     srv.stop();
