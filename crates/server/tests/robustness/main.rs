@@ -4,7 +4,10 @@
 //! - [`catalogue`]: hundreds of bad requests (table-driven), each answered
 //!   with OpenAI's JSON error object and never a 5xx;
 //! - [`protocol`]: refusals made below the handlers (routes, methods,
-//!   body limits, chunking, auth scheme) in the same shape.
+//!   body limits, chunking, stalled bodies, auth scheme) in the same shape,
+//!   and a release racing its program's first request;
+//! - [`flood`]: thousands of half-open connections, idle keep-alives;
+//! - [`tenants`]: several API keys, each acting only on its own programs.
 //!
 //! Every test ends by checking the server is still healthy and holds no KV.
 
@@ -14,6 +17,7 @@ mod common;
 mod catalogue;
 mod flood;
 mod protocol;
+mod tenants;
 
 use std::net::SocketAddr;
 
