@@ -17,6 +17,9 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Release the program once this request finishes (the `final` flag).
     pub final_request: bool,
+    /// The program that spawned this one (a subagent's caller; Dynamo's
+    /// `x-dynamo-parent-session-id`). Recorded on the program, shown on `/programs`.
+    pub parent_program: Option<String>,
 }
 
 /// Why a request stopped.
@@ -107,6 +110,8 @@ pub struct ProgramStatus {
     pub waiting_requests: usize,
     /// Requests of the program running beside its main one (siblings).
     pub parallel_requests: usize,
+    /// The program that spawned it, when a request said so.
+    pub parent_program: Option<String>,
 }
 
 /// Why a program ended.

@@ -75,6 +75,8 @@ pub(crate) struct Prog {
     /// Why it is pending release (announced once it is reaped).
     pub end_reason: Option<EndReason>,
     pub steps: u64,
+    /// The program that spawned it (`GenerateRequest::parent_program`).
+    pub parent_program: Option<String>,
 }
 
 /// A sequence planned into a step.
@@ -196,6 +198,9 @@ impl Core {
         // A new request revives a program whose release was still pending.
         prog.release_pending = false;
         prog.end_reason = None;
+        if let Some(parent) = req.parent_program {
+            prog.parent_program = Some(parent);
+        }
         if prog.current.is_none() {
             prog.current = Some(r);
             self.route(p);

@@ -27,6 +27,7 @@ impl Core {
                 release_pending: false,
                 end_reason: None,
                 steps: 0,
+                parent_program: None,
             },
         );
         p
@@ -177,6 +178,7 @@ impl Core {
                             && !prog.home.is_some_and(|h| self.running[h].contains(p)),
                     ),
                     parallel_requests: prog.children.len(),
+                    parent_program: prog.parent_program.clone(),
                 })
             })
             .collect();

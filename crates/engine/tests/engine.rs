@@ -72,6 +72,7 @@ fn request(program: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> Genera
         prompt,
         sampling: greedy(max_tokens),
         final_request: false,
+        parent_program: None,
     }
 }
 

@@ -49,6 +49,7 @@ fn generate(e: &Engine, program: &str, prompt: Vec<u32>, final_request: bool) ->
                 ..SamplingParams::greedy()
             },
             final_request,
+            parent_program: None,
         })
         .expect("accepted");
     let mut out = Vec::new();

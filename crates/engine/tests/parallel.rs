@@ -37,6 +37,7 @@ fn submit(
             ..SamplingParams::greedy()
         },
         final_request: last,
+        parent_program: None,
     })
     .expect("accepted")
 }

@@ -38,6 +38,7 @@ fn run(e: &Engine, program: Option<&str>, final_request: bool) {
                 ..SamplingParams::greedy()
             },
             final_request,
+            parent_program: None,
         })
         .expect("submitted");
     while let Some(ev) = s.blocking_next() {
@@ -149,6 +150,7 @@ fn a_final_parallel_request_ends_its_program_as_final_once() {
                 ..SamplingParams::greedy()
             },
             final_request,
+            parent_program: None,
         })
         .expect("submitted")
     };

@@ -64,6 +64,7 @@ fn run(engine: &Engine, program: &str, prompt: Vec<u32>) -> (Vec<u32>, FinishRea
                 ..SamplingParams::greedy()
             },
             final_request: false,
+            parent_program: None,
         })
         .expect("accepted");
     let mut toks = Vec::new();

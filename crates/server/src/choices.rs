@@ -103,6 +103,7 @@ pub fn submit(
                 prompt: prompt.clone(),
                 sampling: params,
                 final_request: first && (program.final_request || released),
+                parent_program: if first { program.parent.clone() } else { None },
             })?;
             out.push(Choice {
                 index: p * n + j,

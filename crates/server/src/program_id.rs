@@ -2,7 +2,13 @@
 //!
 //! Order: body `program_id`, then `extra_body.program_id` (clients that send
 //! `extra_body` inline instead of merging it), then the `X-Session-ID`
-//! header. None of them makes the request a one-off program of its own.
+//! header, then NVIDIA Dynamo's `x-dynamo-session-id` header, then
+//! `nvext.agent_context.session_id`, then `.trajectory_id`: agentd's own
+//! names first, so a client that sets both is never overridden by a router.
+//! None of them makes the request a one-off program of its own. The final
+//! flag: body `final`, `extra_body.final`, `x-dynamo-session-final`,
+//! `nvext.agent_context.trajectory_final`. `x-dynamo-parent-session-id` is
+//! recorded on the program (subagents) and shown on `/programs`.
 //! `tool_resources` is read the same way (body, then `extra_body`).
 
 use agentd_tools::ToolResources;
@@ -12,6 +18,9 @@ use crate::error::ApiError;
 use crate::protocol::CommonParams;
 
 pub const SESSION_HEADER: &str = "x-session-id";
+pub const DYNAMO_SESSION: &str = "x-dynamo-session-id";
+pub const DYNAMO_FINAL: &str = "x-dynamo-session-final";
+pub const DYNAMO_PARENT: &str = "x-dynamo-parent-session-id";
 
 /// Longest program id accepted (ids are kept in memory and on `/programs`).
 const MAX_ID_LEN: usize = 256;
@@ -23,6 +32,8 @@ pub struct ProgramRef {
     pub program: Option<String>,
     pub final_request: bool,
     pub tool_resources: Option<ToolResources>,
+    /// The program that spawned this one (`x-dynamo-parent-session-id`).
+    pub parent: Option<String>,
 }
 
 /// A program id from a URL or a body: 1 to [`MAX_ID_LEN`] bytes.
@@ -38,27 +49,32 @@ pub fn check(id: &str) -> Result<(), ApiError> {
 
 pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiError> {
     let extra = c.extra_body.as_ref();
+    let agent = c.nvext.as_ref().and_then(|n| n.agent_context.as_ref());
     let (program, source) = if let Some(id) = &c.program_id {
         (Some(id.clone()), "body")
     } else if let Some(id) = extra.and_then(|e| e.program_id.clone()) {
         (Some(id), "extra_body")
-    } else if let Some(v) = headers.get(SESSION_HEADER) {
-        let id = v.to_str().map_err(|_| {
-            ApiError::invalid(
-                "X-Session-ID",
-                "the X-Session-ID header must be visible ASCII",
-            )
-        })?;
-        (Some(id.to_string()), "header")
+    } else if let Some(id) = header(headers, SESSION_HEADER)? {
+        (Some(id), "header")
+    } else if let Some(id) = header(headers, DYNAMO_SESSION)? {
+        (Some(id), "dynamo header")
+    } else if let Some(id) = agent.and_then(|a| a.session_id.clone().or(a.trajectory_id.clone())) {
+        (Some(id), "nvext")
     } else {
         (None, "none")
     };
+    let parent = header(headers, DYNAMO_PARENT)?;
+    if let Some(id) = &parent {
+        check(id)?;
+    }
     if let Some(id) = &program {
         check(id)?;
     }
     let final_request = c
         .final_request
         .or_else(|| extra.and_then(|e| e.final_request))
+        .or(bool_header(headers, DYNAMO_FINAL)?)
+        .or_else(|| agent.and_then(|a| a.trajectory_final))
         .unwrap_or(false);
     if final_request && program.is_none() {
         tracing::debug!("`final` without a program id: the request is one-off anyway");
@@ -86,7 +102,32 @@ pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiE
         program,
         final_request,
         tool_resources,
+        parent,
     })
+}
+
+/// A header's value as text; 400 when it is not visible ASCII.
+fn header(headers: &HeaderMap, name: &'static str) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get(name) else {
+        return Ok(None);
+    };
+    let s = v
+        .to_str()
+        .map_err(|_| ApiError::invalid(name, format!("the {name} header must be visible ASCII")))?;
+    Ok(Some(s.to_string()))
+}
+
+/// `true`/`false` (or `1`/`0`, any case); 400 otherwise.
+fn bool_header(headers: &HeaderMap, name: &'static str) -> Result<Option<bool>, ApiError> {
+    match header(headers, name)?.map(|s| s.to_ascii_lowercase()) {
+        None => Ok(None),
+        Some(s) if s == "true" || s == "1" => Ok(Some(true)),
+        Some(s) if s == "false" || s == "0" => Ok(Some(false)),
+        Some(_) => Err(ApiError::invalid(
+            name,
+            format!("the {name} header must be true or false"),
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,21 @@ pub struct ExtraBody {
     pub tool_resources: Option<Json>,
 }
 
+/// NVIDIA Dynamo's `nvext.agent_context`: the session (program) a request
+/// belongs to and whether it is the trajectory's last.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AgentContext {
+    pub session_id: Option<String>,
+    pub trajectory_id: Option<String>,
+    pub trajectory_final: Option<bool>,
+}
+
+/// Dynamo's `nvext` request extension; only `agent_context` is read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NvExt {
+    pub agent_context: Option<AgentContext>,
+}
+
 /// Fields shared by chat and text completions: sampling, program, streaming.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct CommonParams {
@@ -71,6 +86,7 @@ pub struct CommonParams {
     pub final_request: Option<bool>,
     pub tool_resources: Option<Json>,
     pub extra_body: Option<ExtraBody>,
+    pub nvext: Option<NvExt>,
 }
 
 /// `POST /v1/chat/completions`.

@@ -81,6 +81,7 @@ pub fn prepare(
         program: Some(program.clone()),
         final_request: !store || resolved.final_request,
         tool_resources: resolved.tool_resources,
+        parent: resolved.parent,
     };
     tracing::info!(response = %id, program = %program, prompt_tokens = tokens.len(),
         previous = ?req.previous_response_id, store, stream = req.common.stream, "response");
