@@ -85,8 +85,6 @@ pub enum EngineError {
         max_tokens: usize,
         max: usize,
     },
-    #[error("the request needs {needed} KV blocks but a replica holds only {capacity}")]
-    TooLargeForCache { needed: usize, capacity: usize },
     #[error("invalid request: {0}")]
     Invalid(String),
     #[error("the engine is shutting down")]

@@ -1,15 +1,17 @@
-//! The engine's shared state — every replica's block bookkeeping, the policy
-//! and the program table — and the operations on it. Workers call in here
-//! under one mutex, for microseconds per step; nothing here touches tensors.
+//! The engine's shared state — the scheduling core ([`ReplicaSet`]: every
+//! replica's block bookkeeping, running sets and the policy, the same code the
+//! simulator runs) and the engine's requests — and the operations on it.
+//! Workers call in here under one mutex, for bookkeeping only: no tensors, no
+//! sampling (the worker samples outside the lock).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentd_kv::{KvCache, ProgramId};
-use agentd_models::SequenceSampler;
-use agentd_scheduler::{Policy, Replicas, Route};
+use agentd_kv::ProgramId;
+use agentd_models::{SampleOutput, SequenceSampler};
+use agentd_scheduler::{build_policy, Contexts, ReplicaSet};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::debug;
 
@@ -34,13 +36,15 @@ pub(crate) struct Req {
     /// Prompt plus the tokens generated so far: what the KV must hold.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
-    pub sampler: SequenceSampler,
+    /// Taken by the worker while the step that samples for this request runs
+    /// outside the lock; put back at commit.
+    pub sampler: Option<SequenceSampler>,
+    /// Unique per request: a sampler comes back only to the request it left.
+    pub id: u64,
     pub tx: UnboundedSender<Event>,
     pub signals: Arc<Signals>,
     /// Prompt tokens reused when it first started (reported in usage).
     pub cached_tokens: Option<usize>,
-    /// Longest prefix of `tokens` ever computed, to count recomputation.
-    pub max_computed: usize,
     pub arrived: Instant,
     pub first_token: Option<Instant>,
     pub final_request: bool,
@@ -67,8 +71,6 @@ pub(crate) struct Prog {
     /// For a sibling whose request carried the final flag: release the
     /// parent once it ends.
     pub release_parent: bool,
-    /// Replica whose cache holds the program's blocks (kept while paused).
-    pub home: Option<usize>,
     /// Release once nothing of it is in a batch (release call, final flag,
     /// one-off program).
     pub release_pending: bool,
@@ -85,21 +87,49 @@ pub(crate) struct SeqPlan {
     pub new_tokens: Vec<u32>,
     pub num_cached: usize,
     pub block_table: Vec<u32>,
-    pub wants_logits: bool,
+    /// The request's sampler, lent for the step when it wants logits.
+    pub sampler: Option<SequenceSampler>,
+    pub request: u64,
+}
+
+impl SeqPlan {
+    pub fn wants_logits(&self) -> bool {
+        self.sampler.is_some()
+    }
+}
+
+/// What the worker produced for one planned sequence outside the lock.
+pub(crate) struct Sampled {
+    /// `None` when sampling failed (the request ends, `finish` says how).
+    pub output: Option<SampleOutput>,
+    pub finish: Option<FinishReason>,
+}
+
+/// The engine's requests as the scheduling core sees them.
+pub(crate) struct Requests<'a>(pub &'a HashMap<ProgramId, Prog>);
+
+impl Contexts for Requests<'_> {
+    fn context(&self, p: ProgramId) -> Option<&[u32]> {
+        let req = self.0.get(&p)?.current.as_ref()?;
+        Some(&req.tokens)
+    }
+    fn generated(&self, p: ProgramId) -> usize {
+        self.0
+            .get(&p)
+            .and_then(|q| q.current.as_ref())
+            .map_or(0, |r| r.tokens.len() - r.prompt_len)
+    }
 }
 
 pub(crate) struct Core {
     pub cfg: EngineConfig,
-    pub kv: Vec<KvCache>,
-    pub policy: Box<dyn Policy>,
+    /// The scheduling core: KV caches, running sets, homes, the policy.
+    pub replicas: ReplicaSet,
     pub names: HashMap<String, ProgramId>,
     pub programs: HashMap<ProgramId, Prog>,
-    /// Programs whose current request runs on each replica, in start order.
-    pub running: Vec<Vec<ProgramId>>,
     /// Programs inside each replica's model forward right now.
     pub in_flight: Vec<HashSet<ProgramId>>,
     pub counters: Counters,
-    pub eos: Vec<u32>,
     pub max_model_len: usize,
     pub vocab_size: usize,
     pub started: Instant,
@@ -108,28 +138,32 @@ pub(crate) struct Core {
     /// never blocks a worker under the lock and no end is ever dropped.
     pub ended_subscribers: Vec<UnboundedSender<ProgramEnded>>,
     pub(crate) next_program: u64,
+    next_request: u64,
 }
 
 impl Core {
-    pub fn new(cfg: EngineConfig, eos: Vec<u32>, max_model_len: usize, vocab_size: usize) -> Self {
+    pub fn new(cfg: EngineConfig, max_model_len: usize, vocab_size: usize) -> Self {
         let n = cfg.replicas.max(1);
         Self {
-            kv: (0..n)
-                .map(|_| KvCache::new(cfg.num_blocks, cfg.block_size, cfg.cache_salt))
-                .collect(),
-            policy: agentd_scheduler::build_policy(&cfg.scheduler, n),
+            replicas: ReplicaSet::new(
+                build_policy(&cfg.scheduler, n),
+                n,
+                cfg.num_blocks,
+                cfg.block_size,
+                cfg.cache_salt,
+                cfg!(debug_assertions),
+            ),
             names: HashMap::new(),
             programs: HashMap::new(),
-            running: vec![Vec::new(); n],
             in_flight: vec![HashSet::new(); n],
             counters: Counters::default(),
-            eos,
             max_model_len,
             vocab_size,
             started: Instant::now(),
             shutdown: false,
             ended_subscribers: Vec::new(),
             next_program: 1,
+            next_request: 1,
             cfg,
         }
     }
@@ -141,11 +175,12 @@ impl Core {
     /// Requests not running: queued in the policy or behind their program's
     /// current request.
     pub fn num_waiting(&self) -> usize {
-        self.policy.num_waiting()
+        use agentd_scheduler::Policy;
+        self.replicas.policy.num_waiting()
     }
 
     pub fn num_running(&self) -> usize {
-        self.running.iter().map(Vec::len).sum()
+        self.replicas.num_running()
     }
 
     /// Validates and enqueues a request. Returns the replicas to wake.
@@ -180,14 +215,16 @@ impl Core {
             None => self.new_program(None),
         };
         self.counters.prompt_tokens += req.prompt.len() as u64;
+        let id = self.next_request;
+        self.next_request += 1;
         let r = Req {
             prompt_len: req.prompt.len(),
             tokens: req.prompt,
-            sampler,
+            sampler: Some(sampler),
+            id,
             tx,
             signals,
             cached_tokens: None,
-            max_computed: 0,
             arrived: Instant::now(),
             first_token: None,
             final_request: req.final_request || req.program.is_none(),
@@ -240,88 +277,55 @@ impl Core {
         req.sampling
             .validate()
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        // `max_model_len` never exceeds one replica's pool (checked at
+        // start), so a request within it always fits when alone.
         let max_tokens = req.sampling.max_tokens;
-        if req.prompt.len() + max_tokens > self.max_model_len {
+        if req.prompt.len().saturating_add(max_tokens) > self.max_model_len {
             return Err(EngineError::ContextTooLong {
                 prompt: req.prompt.len(),
                 max_tokens,
                 max: self.max_model_len,
             });
         }
-        let needed = (req.prompt.len() + max_tokens).div_ceil(self.cfg.block_size);
-        if needed > self.cfg.num_blocks {
-            return Err(EngineError::TooLargeForCache {
-                needed,
-                capacity: self.cfg.num_blocks,
-            });
-        }
         Ok(())
     }
 
-    /// Hands `p`'s current request to the policy; starts it if the program is
-    /// active somewhere.
+    /// Hands `p`'s current request to the scheduling core; it starts at
+    /// once if the program is active somewhere.
     fn route(&mut self, p: ProgramId) {
         let now = self.now();
-        let Some(len) = self
+        if let Some(st) = self.replicas.on_request(p, now, &Requests(&self.programs)) {
+            self.note_start(st);
+        }
+    }
+
+    /// Records what a (re)start reused: the prompt tokens served from the
+    /// cache when the request first started (its usage).
+    fn note_start(&mut self, st: agentd_scheduler::Started) {
+        let Some(req) = self
             .programs
-            .get(&p)
-            .and_then(|q| q.current.as_ref())
-            .map(|r| r.tokens.len())
+            .get_mut(&st.program)
+            .and_then(|q| q.current.as_mut())
         else {
             return;
         };
-        if let Route::Run { replica } = self.policy.on_request(p, now, len) {
-            self.start_on(p, replica);
-        }
-    }
-
-    /// Starts (or restores) `p`'s current request on replica `r`.
-    pub fn start_on(&mut self, p: ProgramId, r: usize) {
-        let Some(prog) = self.programs.get_mut(&p) else {
-            return;
-        };
-        if let Some(h) = prog.home {
-            if h != r {
-                self.kv[h].release(p);
-            }
-        }
-        prog.home = Some(r);
-        let Some(req) = prog.current.as_mut() else {
-            return;
-        };
-        let m = self.kv[r].match_prefix(p, &req.tokens);
-        let recomputed = req.max_computed.saturating_sub(m.cached_tokens);
-        self.counters.recomputed_tokens += recomputed as u64;
         if req.cached_tokens.is_none() {
-            let cached = m.cached_tokens.min(req.prompt_len);
+            let cached = st.matched.cached_tokens.min(req.prompt_len);
             req.cached_tokens = Some(cached);
             req.signals.cached_tokens.store(cached, Ordering::Relaxed);
-        }
-        debug!(program = %p, replica = r, cached = m.cached_tokens, recomputed, "start");
-        if !self.running[r].contains(&p) {
-            self.running[r].push(p);
+            self.counters
+                .queue_wait_s
+                .observe(req.arrived.elapsed().as_secs_f64());
         }
     }
 
-    /// Drops `p`'s KV references on `r`; its request (if any) stays current
-    /// and waits in the policy's queue with its generated tokens kept.
-    fn pause_on(&mut self, p: ProgramId, r: usize) {
-        self.running[r].retain(|q| *q != p);
-        self.kv[r].pause(p);
-    }
-
-    /// Step bookkeeping before the forward of replica `r`: leases,
-    /// cancellations, the policy's decision, and the batch plan.
+    /// Step bookkeeping before the forward of replica `r`: cancellations,
+    /// the core's schedule (leases, the policy's decision), and the batch.
     pub fn plan(&mut self, r: usize) -> Vec<SeqPlan> {
         let now = self.now();
-        for p in self.policy.expire(now) {
-            if let Some(prog) = self.programs.get_mut(&p) {
-                prog.release_pending = true;
-                prog.end_reason = Some(EndReason::LeaseExpired);
-            }
-            self.reap(p);
-        }
-        let cancelled: Vec<ProgramId> = self.running[r]
+        let cancelled: Vec<ProgramId> = self
+            .replicas
+            .running(r)
             .iter()
             .copied()
             .filter(|p| {
@@ -334,117 +338,89 @@ impl Core {
         for p in cancelled {
             self.finish(p, FinishReason::Cancelled);
         }
-        let decision = self.policy.schedule(r, now, &Replicas(&self.kv));
-        for p in decision.pause {
-            self.pause_on(p, r);
-        }
-        for (p, m) in decision.admit {
-            self.start_on(p, m);
-        }
-        self.build_batch(r, now)
-    }
-
-    fn build_batch(&mut self, r: usize, now: f64) -> Vec<SeqPlan> {
-        let decoding = |core: &Core, p: ProgramId| {
-            core.programs
-                .get(&p)
-                .and_then(|q| q.current.as_ref())
-                .is_some_and(|req| {
-                    req.tokens.len() > req.prompt_len
-                        && req.tokens.len() == core.kv[r].num_computed(p) + 1
-                })
-        };
-        let mut order: Vec<(bool, ProgramId)> = self.running[r]
-            .iter()
-            .map(|&p| (!decoding(self, p), p))
-            .collect();
-        order.sort_by_key(|&(prefill, _)| prefill);
-        let mut budget = self.cfg.max_num_batched_tokens;
-        let mut plan = Vec::new();
-        for (_, p) in order {
-            if budget == 0 {
-                break;
+        let sched = self.replicas.schedule(r, now, &Requests(&self.programs));
+        for p in sched.expired {
+            if let Some(prog) = self.programs.get_mut(&p) {
+                prog.release_pending = true;
+                prog.end_reason = Some(EndReason::LeaseExpired);
             }
-            if !self.running[r].contains(&p) {
-                continue;
-            }
-            let Some(len) = self
+            self.reap(p);
+        }
+        for st in sched.started {
+            self.note_start(st);
+        }
+        let budget = self.cfg.max_num_batched_tokens;
+        let step = self
+            .replicas
+            .plan_batch(r, now, budget, &Requests(&self.programs));
+        if !step.seqs.is_empty() {
+            self.counters.batch_budget += budget as u64;
+            self.counters.batch_tokens += (budget - step.budget_left) as u64;
+        }
+        let mut plan = Vec::with_capacity(step.seqs.len());
+        for s in step.seqs {
+            let block_table = self.replicas.kv[r]
+                .block_table(s.program)
+                .iter()
+                .map(|b| b.0)
+                .collect();
+            let Some(req) = self
                 .programs
-                .get(&p)
-                .and_then(|q| q.current.as_ref())
-                .map(|q| q.tokens.len())
+                .get_mut(&s.program)
+                .and_then(|q| q.current.as_mut())
             else {
                 continue;
             };
-            let computed = self.kv[r].num_computed(p);
-            let n = (len - computed).min(budget);
-            if n == 0 || !self.reserve(r, p, n, now) {
-                continue;
-            }
-            let Some(req) = self.programs.get(&p).and_then(|q| q.current.as_ref()) else {
-                continue;
-            };
+            let (from, to) = (s.num_computed, s.num_computed + s.num_new);
             plan.push(SeqPlan {
-                program: p,
-                new_tokens: req.tokens[computed..computed + n].to_vec(),
-                num_cached: computed,
-                block_table: self.kv[r].block_table(p).iter().map(|b| b.0).collect(),
-                wants_logits: computed + n == len,
+                program: s.program,
+                new_tokens: req.tokens[from..to].to_vec(),
+                num_cached: from,
+                block_table,
+                sampler: if s.wants_logits {
+                    req.sampler.take()
+                } else {
+                    None
+                },
+                request: req.id,
             });
-            budget -= n;
         }
-        // A victim paused after being planned must not run.
-        plan.retain(|s| self.running[r].contains(&s.program));
         self.in_flight[r] = plan.iter().map(|s| s.program).collect();
+        self.verify(r);
         plan
     }
 
-    /// Allocates slots for `n` tokens of `p`, pausing by the policy's order
-    /// while blocks are short. False when `p` itself had to be paused.
-    fn reserve(&mut self, r: usize, p: ProgramId, n: usize, now: f64) -> bool {
-        loop {
-            if self.kv[r].allocate_slots(p, n).is_ok() {
-                return true;
-            }
-            match self.policy.preempt(r, now, &Replicas(&self.kv), p) {
-                None => return false,
-                Some(v) => {
-                    debug!(replica = r, victim = %v, "blocks exhausted: pause");
-                    self.pause_on(v, r);
-                    if v == p {
-                        return false;
-                    }
-                }
-            }
+    /// Debug builds check the KV invariants after every step (the check is
+    /// O(blocks)); a violation is a bug in the engine, so it panics there.
+    fn verify(&self, r: usize) {
+        if let Err(e) = self.replicas.verify(r) {
+            panic!("KV invariants of replica {r} violated: {e}");
         }
     }
 
-    /// Step bookkeeping after the forward: commit the computed tokens, sample
-    /// where logits were produced, stream, finish.
-    pub fn commit(&mut self, r: usize, plan: &[SeqPlan], logits: &[Vec<f32>]) {
-        let mut rows = logits.iter();
-        for s in plan {
-            let row = if s.wants_logits { rows.next() } else { None };
+    /// Step bookkeeping after the forward and sampling: commit the computed
+    /// tokens, give the samplers back, stream, finish.
+    pub fn commit(&mut self, r: usize, plan: Vec<SeqPlan>, sampled: Vec<Option<Sampled>>) {
+        for (s, out) in plan.into_iter().zip(sampled) {
             let p = s.program;
-            if self.kv[r].commit(p, &s.new_tokens).is_err() {
+            if self.replicas.commit(r, p, &s.new_tokens).is_err() {
                 continue; // released meanwhile
             }
-            let computed = self.kv[r].num_computed(p);
-            let eos = self.eos.clone();
             let Some(req) = self.programs.get_mut(&p).and_then(|q| q.current.as_mut()) else {
                 continue;
             };
-            req.max_computed = req.max_computed.max(computed);
-            let Some(row) = row else { continue };
-            let out = match req.sampler.sample(row) {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::error!(program = %p, error = %e, "sampling failed");
-                    self.finish(p, FinishReason::Cancelled);
-                    continue;
-                }
+            if req.id != s.request {
+                continue;
+            }
+            if s.sampler.is_some() {
+                req.sampler = s.sampler;
+            }
+            let Some(out) = out else { continue };
+            let Some(output) = out.output else {
+                self.finish(p, out.finish.unwrap_or(FinishReason::Cancelled));
+                continue;
             };
-            req.tokens.push(out.token_id);
+            req.tokens.push(output.token_id);
             self.counters.generation_tokens += 1;
             if req.first_token.is_none() {
                 let now = Instant::now();
@@ -453,21 +429,14 @@ impl Core {
                     .ttft_s
                     .observe((now - req.arrived).as_secs_f64());
             }
-            let finish = req.sampler.finish_reason(out.token_id, &eos);
             let sent = req.tx.send(Event::Token(crate::TokenEvent {
-                token_id: out.token_id,
-                logprob: out.logprob,
-                top: out.top,
+                token_id: output.token_id,
+                logprob: output.logprob,
+                top: output.top,
             }));
-            match (finish, sent) {
+            match (out.finish, sent) {
                 (_, Err(_)) => self.finish(p, FinishReason::Cancelled),
-                (Some(f), Ok(())) => self.finish(
-                    p,
-                    match f {
-                        agentd_models::sampling::FinishReason::Stop => FinishReason::Stop,
-                        agentd_models::sampling::FinishReason::Length => FinishReason::Length,
-                    },
-                ),
+                (Some(f), Ok(())) => self.finish(p, f),
                 (None, Ok(())) => {}
             }
         }
@@ -481,14 +450,15 @@ impl Core {
         for p in pending {
             self.reap(p);
         }
+        self.verify(r);
     }
 
     /// The model failed on this step: end its requests rather than retry a
     /// batch that may fail again, and keep serving the rest.
-    pub fn abort_step(&mut self, r: usize, plan: &[SeqPlan]) {
+    pub fn abort_step(&mut self, r: usize, plan: Vec<SeqPlan>) {
         self.in_flight[r].clear();
         for s in plan {
-            self.kv[r].pause(s.program);
+            self.replicas.pause_on(s.program, r);
             self.finish(s.program, FinishReason::Cancelled);
         }
     }

@@ -43,6 +43,35 @@ impl Drop for Inner {
     }
 }
 
+/// The longest prompt + output a request may have: the model's window,
+/// capped by `--max-model-len`, and never more than one replica's pool holds
+/// (a lone sequence must always fit, so none is refused or stuck for lack of
+/// blocks). Blocks are allocated as sequences grow; this bounds only one
+/// sequence. An explicit `--max-model-len` the pool cannot hold is an error
+/// naming both numbers; the model's own window is lowered with a warning, as
+/// vLLM does when no length was asked for.
+fn max_model_len(cfg: &EngineConfig, model_window: usize) -> Result<usize, StartError> {
+    let pool = cfg.num_blocks.saturating_mul(cfg.block_size);
+    match cfg.max_model_len {
+        Some(m) if m > pool => Err(StartError::Config(format!(
+            "--max-model-len {m} does not fit one replica's KV pool of {pool} tokens \
+             ({} blocks of {}); give the pool more memory or lower --max-model-len",
+            cfg.num_blocks, cfg.block_size
+        ))),
+        Some(m) => Ok(m.min(model_window)),
+        None if model_window > pool => {
+            tracing::warn!(
+                model_window,
+                pool_tokens = pool,
+                "the model's context window does not fit one replica's KV pool; \
+                 serving at most {pool} tokens per sequence"
+            );
+            Ok(pool)
+        }
+        None => Ok(model_window),
+    }
+}
+
 /// A running engine. Cheap to clone; the workers stop when the last clone is
 /// dropped (or on [`Engine::shutdown`]).
 #[derive(Clone)]
@@ -143,19 +172,13 @@ impl Engine {
                 cfg.block_size
             )));
         }
-        let max_len = cfg.max_model_len.map_or(mc.max_position_embeddings, |m| {
-            m.min(mc.max_position_embeddings)
-        });
-        let mut core = Core::new(
-            cfg.clone(),
-            mc.eos_token_ids.clone(),
-            max_len,
-            mc.vocab_size,
-        );
+        let max_len = max_model_len(&cfg, mc.max_position_embeddings)?;
+        let mut core = Core::new(cfg.clone(), max_len, mc.vocab_size);
         core.enable_kv_events();
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
             wake: (0..cfg.replicas).map(|_| Condvar::new()).collect(),
+            eos: mc.eos_token_ids.clone(),
         });
         let mut threads = Vec::with_capacity(cfg.replicas);
         for (r, runner) in runners.into_iter().enumerate() {
@@ -224,9 +247,9 @@ impl Engine {
 
     pub fn metrics(&self) -> MetricsSnapshot {
         let core = self.inner.shared.lock();
-        let stats = core.policy.stats();
+        let stats = agentd_scheduler::Policy::stats(&core.replicas.policy);
         let (mut queries, mut hits, mut referenced, mut total) = (0, 0, 0, 0);
-        for kv in &core.kv {
+        for kv in &core.replicas.kv {
             queries += kv.stats().query_tokens;
             hits += kv.stats().hit_tokens;
             referenced += kv.pool().num_referenced();
@@ -248,17 +271,22 @@ impl Engine {
             kv_cache_usage: referenced as f64 / total.max(1) as f64,
             prefix_cache_queries: queries,
             prefix_cache_hits: hits,
-            num_preemptions: stats.exhaustion_pauses + stats.pauses,
+            num_preemptions: stats.exhaustion_pauses + stats.pauses + stats.work_conserving_pauses,
             prompt_tokens: core.counters.prompt_tokens,
             generation_tokens: core.counters.generation_tokens,
             block_size: core.cfg.block_size,
             num_gpu_blocks: core.cfg.num_blocks,
             ttft_s: core.counters.ttft_s.clone(),
             e2e_s: core.counters.e2e_s.clone(),
+            queue_wait_s: core.counters.queue_wait_s.clone(),
+            lock_hold_s: core.counters.lock_hold_s.clone(),
+            batch_tokens: core.counters.batch_tokens,
+            batch_budget: core.counters.batch_budget,
+            exhaustion_preemptions: core.replicas.stats().exhaustion_preemptions,
             programs,
-            pauses: stats.pauses + stats.exhaustion_pauses,
+            pauses: stats.pauses + stats.exhaustion_pauses + stats.work_conserving_pauses,
             restores: stats.restores,
-            recomputed_tokens: core.counters.recomputed_tokens,
+            recomputed_tokens: core.replicas.stats().recomputed_tokens,
             requests_finished: core.counters.requests_finished,
         }
     }

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use agentd_kv::ProgramId;
-use agentd_scheduler::{Phase, State};
+use agentd_scheduler::{Phase, Policy, State};
 use tracing::{debug, info};
 
 use crate::core::{Core, Prog, Req};
@@ -23,7 +23,6 @@ impl Core {
                 children: Vec::new(),
                 parent: None,
                 release_parent: false,
-                home: None,
                 release_pending: false,
                 end_reason: None,
                 steps: 0,
@@ -62,14 +61,10 @@ impl Core {
                 usage,
             });
         }
-        if let Some(h) = prog.home {
-            self.running[h].retain(|q| *q != p);
-            self.kv[h].release(p);
-        }
+        self.replicas.terminate(p);
         if let Some(name) = &prog.name {
             self.names.remove(name);
         }
-        self.policy.on_terminate(p);
         let reason = prog.end_reason.unwrap_or(EndReason::Released);
         info!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
         // Releasing a program cancels its siblings (each is reaped now, or
@@ -120,7 +115,6 @@ impl Core {
             return;
         };
         prog.steps += 1;
-        let home = prog.home;
         if let Some(parent) = prog.parent.and_then(|q| self.programs.get_mut(&q)) {
             parent.steps += 1;
         }
@@ -130,13 +124,7 @@ impl Core {
         self.counters
             .e2e_s
             .observe(req.arrived.elapsed().as_secs_f64());
-        if let Some(h) = home {
-            self.running[h].retain(|q| *q != p);
-        }
-        let drop_kv = self.policy.on_request_finished(p, now, req.tokens.len());
-        if let (true, Some(h)) = (drop_kv, home) {
-            self.kv[h].pause(p);
-        }
+        self.replicas.finish(p, now, req.tokens.len());
         let Some(prog) = self.programs.get_mut(&p) else {
             return;
         };
@@ -152,7 +140,8 @@ impl Core {
             .programs
             .iter()
             .filter_map(|(p, prog)| {
-                let info = self.policy.program(*p);
+                let info = self.replicas.policy.program(*p);
+                let home = self.replicas.home(*p);
                 let name = prog.name.clone()?;
                 Some(ProgramStatus {
                     id: name,
@@ -166,16 +155,16 @@ impl Core {
                         Some(State::Terminated) => "terminated",
                         _ => "paused",
                     },
-                    replica: prog.home,
+                    replica: home,
                     context_tokens: prog.current.as_ref().map_or_else(
                         || info.as_ref().map_or(0, |i| i.context_tokens),
                         |r| r.tokens.len(),
                     ),
-                    blocks_held: prog.home.map_or(0, |h| self.kv[h].blocks_held(*p)),
+                    blocks_held: self.replicas.blocks_held(*p),
                     steps: prog.steps,
                     waiting_requests: usize::from(
                         prog.current.is_some()
-                            && !prog.home.is_some_and(|h| self.running[h].contains(p)),
+                            && !self.replicas.is_running(*p),
                     ),
                     parallel_requests: prog.children.len(),
                     parent_program: prog.parent_program.clone(),

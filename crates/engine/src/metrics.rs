@@ -23,6 +23,29 @@ impl Histogram {
         }
     }
 
+    /// Buckets for how long the engine lock is held, 5 µs to 1 s: the lock
+    /// guards bookkeeping only, so its p99 should sit in the first buckets.
+    pub fn lock_hold() -> Self {
+        let bounds = [
+            5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0,
+        ];
+        Self {
+            buckets: bounds.iter().map(|&b| (b, 0)).collect(),
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (Prometheus'
+    /// `histogram_quantile` without interpolation); `+Inf` past the last.
+    pub fn quantile_bound(&self, q: f64) -> f64 {
+        let want = (q * self.count as f64).ceil() as u64;
+        self.buckets
+            .iter()
+            .find(|(_, c)| *c >= want.max(1))
+            .map_or(f64::INFINITY, |(le, _)| *le)
+    }
+
     pub fn observe(&mut self, v: f64) {
         for (le, c) in &mut self.buckets {
             if v <= *le {
@@ -51,6 +74,16 @@ pub struct MetricsSnapshot {
     pub num_gpu_blocks: usize,
     pub ttft_s: Histogram,
     pub e2e_s: Histogram,
+    /// Time from a request's arrival to its first start on a replica.
+    pub queue_wait_s: Histogram,
+    /// How long each critical section held the engine lock.
+    pub lock_hold_s: Histogram,
+    /// Tokens planned into steps, and the token budget those steps had
+    /// (their ratio is the batch fill).
+    pub batch_tokens: u64,
+    pub batch_budget: u64,
+    /// Programs paused because blocks ran out while planning a step.
+    pub exhaustion_preemptions: u64,
     /// `(phase, state, count)` of live programs.
     pub programs: Vec<(&'static str, &'static str, usize)>,
     pub pauses: u64,
@@ -64,10 +97,13 @@ pub struct MetricsSnapshot {
 pub(crate) struct Counters {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
-    pub recomputed_tokens: u64,
     pub requests_finished: u64,
     pub ttft_s: Histogram,
     pub e2e_s: Histogram,
+    pub queue_wait_s: Histogram,
+    pub lock_hold_s: Histogram,
+    pub batch_tokens: u64,
+    pub batch_budget: u64,
 }
 
 impl Default for Counters {
@@ -75,10 +111,13 @@ impl Default for Counters {
         Self {
             prompt_tokens: 0,
             generation_tokens: 0,
-            recomputed_tokens: 0,
             requests_finished: 0,
             ttft_s: Histogram::latency(),
             e2e_s: Histogram::latency(),
+            queue_wait_s: Histogram::latency(),
+            lock_hold_s: Histogram::lock_hold(),
+            batch_tokens: 0,
+            batch_budget: 0,
         }
     }
 }

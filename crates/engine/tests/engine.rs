@@ -245,14 +245,40 @@ fn bad_requests_are_refused_with_a_reason() {
         capped.submit(request(None, vec![1; 60], 8)).err(),
         Some(EngineError::ContextTooLong { max: 64, .. })
     ));
+}
+
+/// Blocks are allocated as a sequence grows; the window a request may use is
+/// what one replica's pool holds, so no request is refused (or stuck) for a
+/// window the operator never asked for (vLLM's semantics).
+#[test]
+fn the_window_is_capped_by_the_pool_not_refused() {
+    // 2 blocks of 16 tokens: the model's 128-token window is lowered to 32.
     let small = engine(PolicyKind::Program, 2);
+    assert_eq!(small.max_model_len(), 32);
     assert!(matches!(
         small.submit(request(None, vec![1; 40], 8)).err(),
-        Some(EngineError::TooLargeForCache {
-            needed: 3,
-            capacity: 2
-        })
+        Some(EngineError::ContextTooLong { max: 32, .. })
     ));
+    // Up to the window, generation runs to its end.
+    let (out, reason, _) = collect(
+        small
+            .submit(request(None, vec![1; 20], 12))
+            .expect("fits the pool"),
+    );
+    assert_eq!((out.len(), reason), (12, FinishReason::Length));
+    // An explicit window the pool cannot hold is an error naming both.
+    let err = Engine::start(
+        &fixture("gqa2-untied"),
+        EngineConfig {
+            num_blocks: 2,
+            max_model_len: Some(64),
+            ..EngineConfig::default()
+        },
+    )
+    .err()
+    .expect("refused at start")
+    .to_string();
+    assert!(err.contains("64") && err.contains("32 tokens"), "{err}");
 }
 
 #[test]

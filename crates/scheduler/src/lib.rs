@@ -14,14 +14,16 @@
 //!   evictable, FCFS admission while blocks are free or evictable, the newest
 //!   request is preempted (recompute) when blocks run out, sticky routing.
 //!
-//! The engine (or the simulator) owns the KV caches and applies decisions; this
-//! crate only reads them through [`Memory`].
+//! [`ReplicaSet`] is the one core that applies the decisions to the replicas'
+//! KV caches, used alike by the engine, the simulator and the tests; the
+//! policies only read the caches, through [`Memory`].
 
 mod config;
 mod memory;
 mod program;
 mod program_policy;
 mod queue;
+mod replica_set;
 mod request_policy;
 
 pub use agentd_kv::ProgramId;
@@ -30,6 +32,9 @@ pub use memory::{Memory, Replicas};
 pub use program::{Phase, ProgramInfo, State};
 pub use program_policy::ProgramScheduler;
 pub use queue::WaitingQueue;
+pub use replica_set::{
+    Contexts, CoreStats, Planned, ReplicaSet, Scheduled, Started, StepPlan, LEASE_CHECK_S,
+};
 pub use request_policy::RequestScheduler;
 
 /// Where a newly arrived request goes.
@@ -44,7 +49,8 @@ pub enum Route {
 /// What the engine must do at this step boundary.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decision {
-    /// Programs to pause on the calling replica: drop their KV references; an
+    /// Programs to pause (on the replica they live on, the calling one): drop
+    /// their KV references; an
     /// in-flight request stops at this step boundary, keeps its generated
     /// tokens and waits for the program's restore.
     pub pause: Vec<ProgramId>,
@@ -66,6 +72,9 @@ pub struct PolicyStats {
     pub pauses: u64,
     /// Programs paused because blocks actually ran out during a step.
     pub exhaustion_pauses: u64,
+    /// Acting programs paused so that a waiting program runs on a replica
+    /// that would otherwise idle (work conservation).
+    pub work_conserving_pauses: u64,
     /// Paused programs admitted again.
     pub restores: u64,
     /// First admissions of new programs / requests.
@@ -104,6 +113,47 @@ pub trait Policy: Send {
     fn num_waiting(&self) -> usize;
     /// A snapshot of one program, if the policy tracks it.
     fn program(&self, p: ProgramId) -> Option<ProgramInfo>;
+}
+
+/// A boxed policy is a policy (the engine and the simulator pick one at run
+/// time; tests use the concrete types).
+impl<T: Policy + ?Sized> Policy for Box<T> {
+    fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route {
+        (**self).on_request(p, now, context_tokens)
+    }
+    fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
+        (**self).on_request_finished(p, now, context_tokens)
+    }
+    fn on_terminate(&mut self, p: ProgramId) {
+        (**self).on_terminate(p)
+    }
+    fn expire(&mut self, now: f64) -> Vec<ProgramId> {
+        (**self).expire(now)
+    }
+    fn schedule(&mut self, replica: usize, now: f64, mem: &dyn Memory) -> Decision {
+        (**self).schedule(replica, now, mem)
+    }
+    fn preempt(
+        &mut self,
+        replica: usize,
+        now: f64,
+        mem: &dyn Memory,
+        protect: ProgramId,
+    ) -> Option<ProgramId> {
+        (**self).preempt(replica, now, mem, protect)
+    }
+    fn keeps_kv_between_requests(&self) -> bool {
+        (**self).keeps_kv_between_requests()
+    }
+    fn stats(&self) -> PolicyStats {
+        (**self).stats()
+    }
+    fn num_waiting(&self) -> usize {
+        (**self).num_waiting()
+    }
+    fn program(&self, p: ProgramId) -> Option<ProgramInfo> {
+        (**self).program(p)
+    }
 }
 
 /// Builds the policy selected by `config.policy`.

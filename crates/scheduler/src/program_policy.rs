@@ -266,9 +266,12 @@ impl ProgramScheduler {
                     continue;
                 }
                 let room = self.cfg.lambda_min * mem.capacity(r) as f64 - tentative[r];
-                // An empty replica takes any program that fits its pool at all,
-                // or a program larger than λmin·C would wait forever.
-                let fits = need <= room || (empty[r] && need <= mem.capacity(r) as f64);
+                // An empty replica takes any program whose context fits its
+                // pool at all (its decode reserve aside: the engine caps a
+                // sequence at the pool), or a program larger than λmin·C
+                // would wait forever.
+                let reserve = self.cfg.decode_reserve_blocks as f64;
+                let fits = need <= room || (empty[r] && need - reserve <= mem.capacity(r) as f64);
                 if !fits {
                     continue;
                 }
@@ -278,6 +281,21 @@ impl ProgramScheduler {
                 };
                 if best.is_none_or(|(_, _, slack)| better(slack)) {
                     best = Some((r, need, room - need));
+                }
+            }
+            // Work conservation: `l` runs nothing while `p` waits and its
+            // acting programs hold the room: pause them rather than idle.
+            if best.is_none()
+                && running[l] == 0
+                && !reserved[l]
+                && sticky.is_none_or(|h| h == l)
+            {
+                let room = self.cfg.lambda_min * mem.capacity(l) as f64 - tentative[l];
+                if let Some(freed) = self.reclaim_acting(l, now, mem, need, room, out) {
+                    tentative[l] -= freed;
+                    self.demand[l].0 -= freed;
+                    empty[l] = self.active[l].is_empty();
+                    best = Some((l, need, 0.0));
                 }
             }
             if best.is_none() && sticky.is_some() {
@@ -329,6 +347,55 @@ impl ProgramScheduler {
             self.active[r].insert(p);
             out.admit.push((p, r));
         }
+    }
+
+    /// Pauses acting programs of `l` (pause order: shortest first; their
+    /// full blocks stay cached, evictable) until a program needing `need`
+    /// blocks fits into `room`, or into the empty replica. Pauses nothing and
+    /// returns `None` when even pausing every acting program would not make
+    /// it fit; otherwise the demand freed.
+    fn reclaim_acting(
+        &mut self,
+        l: usize,
+        now: f64,
+        mem: &dyn Memory,
+        need: f64,
+        room: f64,
+        out: &mut Decision,
+    ) -> Option<f64> {
+        let acting: Vec<(ProgramId, f64)> = self
+            .pause_order(l, mem)
+            .into_iter()
+            .filter(|&(_, phase, _)| phase == Phase::Acting)
+            .map(|(q, _, _)| {
+                let since = self.programs.get(&q).map_or(now, |x| x.acting_since);
+                (q, mem.exclusive(l, q) as f64 * self.cfg.decay(now - since))
+            })
+            .collect();
+        if acting.is_empty() {
+            return None;
+        }
+        let total: f64 = acting.iter().map(|a| a.1).sum();
+        // With every active program of `l` acting, pausing them all empties
+        // it, and an empty replica takes any program its pool holds.
+        let empties = acting.len() == self.active[l].len();
+        let reserve = self.cfg.decode_reserve_blocks as f64;
+        let fits_empty = empties && need - reserve <= mem.capacity(l) as f64;
+        if need > room + total && !fits_empty {
+            return None;
+        }
+        let mut freed = 0.0;
+        for (q, w) in acting {
+            if need <= room + freed {
+                break;
+            }
+            debug!(replica = l, program = %q, need, room, "work-conserving: pause acting");
+            self.mark_paused(q, now, mem);
+            self.stats.work_conserving_pauses += 1;
+            out.pause.push(q);
+            freed += w;
+        }
+        Some(freed)
     }
 
     fn terminate(&mut self, p: ProgramId) {

@@ -108,7 +108,7 @@ fn apply<P: Policy>(eng: &mut Engine<P>, e: &Ev) {
     match *e {
         Ev::Request { p, extra, sys } => {
             let p = pid(p as u64);
-            if eng.pending.get(&p).copied().unwrap_or(0) > 0 {
+            if eng.pending(p) > 0 {
                 return; // one turn at a time
             }
             let mut toks = Vec::new();
@@ -121,9 +121,8 @@ fn apply<P: Policy>(eng: &mut Engine<P>, e: &Ev) {
         Ev::Finish { p } => {
             let p = pid(p as u64);
             let done = eng
-                .home
-                .get(&p)
-                .is_some_and(|&r| eng.kv[r].num_computed(p) == eng.ctx[&p].len());
+                .home(p)
+                .is_some_and(|r| eng.kv[r].num_computed(p) == eng.ctx[&p].len());
             if eng.is_running(p) && done {
                 eng.finish(p);
             }
@@ -147,9 +146,9 @@ fn apply<P: Policy>(eng: &mut Engine<P>, e: &Ev) {
             }
             // A running program left partly computed by an earlier exhaustion
             // catches up when it is its replica's turn (the engine's next step).
-            let running: Vec<ProgramId> = eng.running[r].iter().copied().collect();
+            let running: Vec<ProgramId> = eng.running(r).to_vec();
             for p in running {
-                if eng.running[r].contains(&p) {
+                if eng.running(r).contains(&p) {
                     eng.catch_up(p);
                 }
             }
@@ -191,12 +190,12 @@ fn check_program(eng: &Engine<ProgramScheduler>) -> Result<(), TestCaseError> {
         prop_assert!(eng.policy.program(*p).is_some_and(|i| i.waiting));
     }
     // Waiting = has a pending request and is not active.
-    let pending_inactive: Vec<ProgramId> = eng
-        .pending
-        .iter()
-        .filter(|&(p, &k)| k > 0 && !active_on.contains_key(p))
-        .map(|(p, _)| *p)
+    let mut pending_inactive: Vec<ProgramId> = eng
+        .pending_programs()
+        .filter(|&(p, k)| k > 0 && !active_on.contains_key(&p))
+        .map(|(p, _)| p)
         .collect();
+    pending_inactive.sort();
     let mut q = queued.clone();
     q.sort();
     prop_assert_eq!(&q, &pending_inactive);
@@ -209,7 +208,7 @@ fn check_program(eng: &Engine<ProgramScheduler>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(active_on.get(p), Some(&r), "{} resident on {}", p, r);
             }
         }
-        for p in &eng.running[r] {
+        for p in eng.running(r) {
             prop_assert_eq!(active_on.get(p), Some(&r), "{} running on {}", p, r);
         }
     }
@@ -259,9 +258,8 @@ proptest! {
                         .map_err(|e| TestCaseError::fail(format!("replica {r}: {e}")))?;
                 }
                 let waiting = eng
-                    .pending
-                    .iter()
-                    .filter(|&(p, &k)| k > 0 && !eng.is_running(*p))
+                    .pending_programs()
+                    .filter(|&(p, k)| k > 0 && !eng.is_running(p))
                     .count();
                 prop_assert_eq!(eng.policy.num_waiting(), waiting);
             }

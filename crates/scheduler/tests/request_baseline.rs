@@ -93,11 +93,11 @@ fn preempt_picks_newest_running_request_even_the_requester() {
     // 3 queues; then blocks run out again: the newest running request is 1.
     eng.request(pid(3), BS);
     assert_eq!(eng.policy.num_waiting(), 1);
-    let mem = agentd_scheduler::Replicas(&eng.kv);
-    assert_eq!(eng.policy.preempt(0, 0.0, &mem, pid(3)), Some(pid(1)));
-    assert_eq!(eng.policy.preempt(0, 0.0, &mem, pid(3)), None);
-    eng.kv[0].pause(pid(1));
-    eng.running[0].remove(&pid(1));
+    let core = &mut eng.core;
+    let mem = agentd_scheduler::Replicas(&core.kv);
+    assert_eq!(core.policy.preempt(0, 0.0, &mem, pid(3)), Some(pid(1)));
+    assert_eq!(core.policy.preempt(0, 0.0, &mem, pid(3)), None);
+    eng.pause_on(pid(1), 0);
     // A preempted request goes back to the front of the queue, ahead of 3.
     let d = eng.step(0);
     assert_eq!(d.admit, vec![(pid(1), 0), (pid(3), 0)]);

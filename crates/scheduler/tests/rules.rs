@@ -26,7 +26,7 @@ fn admit_all(eng: &mut Engine<ProgramScheduler>, r: usize, progs: &[(u64, usize)
     want.sort();
     assert_eq!(got, want, "{d:?}");
     for &(p, blocks) in progs {
-        assert_eq!(eng.kv[eng.home[&pid(p)]].blocks_held(pid(p)), blocks);
+        assert_eq!(eng.kv[eng.home(pid(p)).expect("admitted")].blocks_held(pid(p)), blocks);
     }
 }
 
@@ -131,6 +131,50 @@ fn restore_only_while_demand_plus_need_fits_lambda_min() {
     eng.request(pid(3), 1);
     assert!(eng.step(0).is_empty());
     assert_eq!(eng.policy.num_waiting(), 1);
+}
+
+/// Work conservation (issue 12): a replica never idles while a program waits
+/// and acting programs hold the room it needs. Without decay their memory
+/// counts fully forever, so the waiting program would wait for their tools;
+/// instead the acting ones are paused, shortest first, just enough, and it
+/// is admitted in the same step — onto their surviving cached blocks, which
+/// its allocation evicts only as far as it must.
+#[test]
+fn an_idle_replica_pauses_acting_programs_for_a_waiting_one() {
+    // C = 100, λmin·C = 90; no decay (x = 1).
+    let mut eng = Engine::program(config(0.9, 1.0), 1, 100);
+    admit_all(&mut eng, 0, &[(1, 20), (2, 30), (3, 35)]);
+    for p in 1..=3 {
+        eng.finish(pid(p));
+    }
+    // D = 85 with nothing running. A 10-block program (need 11): 96 > 90.
+    assert_close(eng.demand(0), 85.0);
+    eng.request(pid(4), 10 * BS);
+    let d = eng.step(0);
+    // Pausing program 1 (the shortest, 20 blocks) is enough: 65 + 11 ≤ 90.
+    assert_eq!(ids(&d.pause), vec![1]);
+    assert_eq!(d.admit, vec![(pid(4), 0)]);
+    assert!(eng.is_running(pid(4)));
+    assert_eq!(eng.kv[0].blocks_held(pid(4)), 10);
+    assert_eq!(eng.policy.stats().work_conserving_pauses, 1);
+    // Program 1's blocks survived as cache (4 took free blocks): when its
+    // next turn comes, the idle replica pauses 4 (now the shortest acting,
+    // 65 + 22 ≤ 90) and restores 1 onto its own 20 cached blocks.
+    eng.finish(pid(4));
+    eng.request(pid(1), BS);
+    let d = eng.step(0);
+    assert_eq!((ids(&d.pause), d.admit), (vec![4], vec![(pid(1), 0)]));
+    assert_eq!(eng.last_match[&pid(1)].cached_tokens, 20 * BS);
+    eng.check_kv();
+
+    // Nothing is paused while a reasoning program runs (the replica works).
+    let mut busy = Engine::program(config(0.9, 1.0), 1, 100);
+    admit_all(&mut busy, 0, &[(1, 20), (2, 30), (3, 35)]);
+    busy.finish(pid(1));
+    busy.finish(pid(2));
+    busy.request(pid(4), 10 * BS);
+    assert!(busy.step(0).is_empty());
+    assert_eq!(busy.policy.num_waiting(), 1);
 }
 
 /// Demand that stays between λmin·C and λmax·C causes neither pauses nor
@@ -319,7 +363,7 @@ fn paused_reasoning_program_requeues_its_request_and_is_restored() {
     let s = eng.policy.stats();
     assert_eq!((s.restores, s.admissions, s.pauses), (1, 3, 1));
     // Its original request is still the one in flight, and completes.
-    assert_eq!(eng.pending[&pid(1)], 1);
+    assert_eq!(eng.pending(pid(1)), 1);
     eng.finish(pid(1));
     assert_eq!(info(&eng, 1).steps, 1);
     assert_eq!(info(&eng, 1).phase, Phase::Acting);
@@ -556,9 +600,11 @@ fn block_exhaustion_preempts_in_pause_order_and_never_aborts() {
     assert!(!eng.decode(pid(1), 30 * BS));
     assert_eq!(victims(&eng, mark), vec![2, 5, 1]);
     assert_eq!(eng.policy.active_programs(0).count(), 0);
+    let now = eng.now;
+    let core = &mut eng.core;
     assert_eq!(
-        eng.policy
-            .preempt(0, eng.now, &agentd_scheduler::Replicas(&eng.kv), pid(1)),
+        core.policy
+            .preempt(0, now, &agentd_scheduler::Replicas(&core.kv), pid(1)),
         None
     );
 

@@ -27,6 +27,7 @@ pub mod fallback;
 pub mod generation;
 pub mod listener;
 pub mod metrics;
+pub mod offload;
 pub mod program_id;
 pub mod protocol;
 pub mod responses;

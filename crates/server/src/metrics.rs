@@ -88,6 +88,24 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
         "Prompt tokens prefilled again because their KV had been lost.",
         m.recomputed_tokens as f64,
     );
+    scalar(
+        "agentd:exhaustion_preemptions_total",
+        "counter",
+        "Programs paused because KV blocks ran out while planning a step.",
+        m.exhaustion_preemptions as f64,
+    );
+    scalar(
+        "agentd:batch_tokens_total",
+        "counter",
+        "Tokens planned into engine steps (prefill chunks and decode).",
+        m.batch_tokens as f64,
+    );
+    scalar(
+        "agentd:batch_budget_tokens_total",
+        "counter",
+        "Token budget of the engine steps that ran (batch fill = tokens / budget).",
+        m.batch_budget as f64,
+    );
 
     let _ = writeln!(
         out,
@@ -140,6 +158,20 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
         "Histogram of end to end request latency in seconds.",
         &label,
         &m.e2e_s,
+    );
+    histogram(
+        &mut out,
+        "vllm:request_queue_time_seconds",
+        "Histogram of time from a request's arrival to its first start on a replica.",
+        &label,
+        &m.queue_wait_s,
+    );
+    histogram(
+        &mut out,
+        "agentd:engine_lock_hold_seconds",
+        "Histogram of how long each critical section held the engine lock.",
+        &label,
+        &m.lock_hold_s,
     );
     out
 }
@@ -225,6 +257,11 @@ mod tests {
             num_gpu_blocks: 64,
             ttft_s: ttft,
             e2e_s: Histogram::latency(),
+            queue_wait_s: Histogram::latency(),
+            lock_hold_s: Histogram::lock_hold(),
+            batch_tokens: 90,
+            batch_budget: 100,
+            exhaustion_preemptions: 2,
             programs: vec![("acting", "active", 2), ("reasoning", "terminated", 1)],
             pauses: 4,
             restores: 5,

@@ -10,7 +10,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::Instant;
 
 use agentd_kv::{KvCache, ProgramId};
-use agentd_scheduler::{build_policy, Policy, Route};
+use agentd_scheduler::{build_policy, Contexts, Policy, ReplicaSet, Started};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -30,8 +30,18 @@ pub(crate) struct Prog {
     pub request_arrived: f64,
     /// Longest prefix of `context` ever computed (for the ideal hit rate).
     pub ever_computed: usize,
-    /// Replica whose cache holds this program's table (kept while paused).
-    pub home: Option<usize>,
+}
+
+/// The simulated programs' contexts, lent to the core.
+pub(crate) struct SimCtx<'a>(pub &'a HashMap<ProgramId, Prog>);
+
+impl Contexts for SimCtx<'_> {
+    fn context(&self, p: ProgramId) -> Option<&[u32]> {
+        self.0.get(&p).map(|q| q.context.as_slice())
+    }
+    fn generated(&self, p: ProgramId) -> usize {
+        self.0.get(&p).map_or(0, |q| q.generated)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,8 +69,6 @@ impl Ord for At {
 }
 
 pub(crate) struct Replica {
-    /// Programs with a request running here, in admission order.
-    pub running: Vec<ProgramId>,
     /// A `Step` event is pending for this replica.
     pub busy: bool,
     /// Requests that completed in the step now executing.
@@ -70,8 +78,8 @@ pub(crate) struct Replica {
 /// One simulation run.
 pub struct Simulation {
     pub(crate) cfg: SimConfig,
-    pub(crate) kv: Vec<KvCache>,
-    pub(crate) policy: Box<dyn Policy>,
+    /// The engine's own core: KV caches, running sets, the policy.
+    pub(crate) core: ReplicaSet,
     pub(crate) programs: HashMap<ProgramId, Prog>,
     pub(crate) replicas: Vec<Replica>,
     pub(crate) metrics: Metrics,
@@ -101,22 +109,25 @@ impl Simulation {
                 cfg.kv_tokens, cfg.workload.max_context
             )));
         }
-        let kv = (0..cfg.replicas)
-            .map(|_| KvCache::new(blocks, cfg.block_size, 0))
-            .collect();
+        let core = ReplicaSet::new(
+            build_policy(&cfg.scheduler, cfg.replicas),
+            cfg.replicas,
+            blocks,
+            cfg.block_size,
+            0,
+            cfg.check_invariants,
+        );
         let replicas = (0..cfg.replicas)
             .map(|_| Replica {
-                running: Vec::new(),
                 busy: false,
                 finishing: Vec::new(),
             })
             .collect();
         Ok(Self {
-            policy: build_policy(&cfg.scheduler, cfg.replicas),
+            core,
             system: system_prompt(cfg.workload.system_tokens),
             metrics: Metrics::new(cfg.warmup_s),
             cfg,
-            kv,
             programs: HashMap::new(),
             replicas,
             now: 0.0,
@@ -145,7 +156,7 @@ impl Simulation {
                 break;
             }
             self.now = t;
-            let usages: Vec<f64> = self.kv.iter().map(KvCache::usage).collect();
+            let usages: Vec<f64> = self.core.kv.iter().map(KvCache::usage).collect();
             self.metrics.sample_usage(t, &usages);
             match e {
                 Event::Spawn => self.spawn(),
@@ -156,11 +167,6 @@ impl Simulation {
                 }
             }
             self.wake_idle();
-            if self.metrics.in_window(t) && t as u64 % 10 == 0 {
-                for p in self.policy.expire(t) {
-                    self.terminate(p);
-                }
-            }
         }
         Ok(self.result(wall.elapsed().as_secs_f64()))
     }
@@ -195,7 +201,6 @@ impl Simulation {
             generated: 0,
             request_arrived: self.now,
             ever_computed: 0,
-            home: None,
         };
         append_tokens(&mut prog, id, task);
         self.programs.insert(id, prog);
@@ -230,62 +235,40 @@ impl Simulation {
         prog.gen_target = uniform(&mut prog.rng, gen);
         prog.generated = 0;
         prog.request_arrived = now;
-        let len = prog.context.len();
         self.dirty = true;
-        if let Route::Run { replica } = self.policy.on_request(p, now, len) {
-            self.start_on(p, replica);
+        if let Some(st) = self.core.on_request(p, now, &SimCtx(&self.programs)) {
+            self.record_start(&st);
         }
     }
 
-    /// Starts (or restores) `p`'s request on replica `r`: align its KV with its
-    /// context there and add it to the running set.
-    pub(crate) fn start_on(&mut self, p: ProgramId, r: usize) {
+    /// Counts a (re)start's prefix match against what an unlimited cache
+    /// would have hit.
+    pub(crate) fn record_start(&mut self, st: &Started) {
         let system_tokens = if self.system_seen {
             self.system.len()
         } else {
             0
         };
-        let Some(prog) = self.programs.get_mut(&p) else {
+        let Some(prog) = self.programs.get(&st.program) else {
             return;
         };
-        if let Some(h) = prog.home {
-            if h != r {
-                self.kv[h].release(p);
-            }
-        }
-        prog.home = Some(r);
-        let m = self.kv[r].match_prefix(p, &prog.context);
-        let len = prog.context.len();
+        let len = st.context_tokens;
         let ideal = prog
             .ever_computed
             .max(system_tokens)
             .min(len.saturating_sub(1));
+        let cached = st.matched.cached_tokens;
         if self.metrics.in_window(self.now) {
             self.metrics.query_tokens += len as u64;
-            self.metrics.hit_tokens += m.cached_tokens as u64;
+            self.metrics.hit_tokens += cached as u64;
             self.metrics.ideal_hit_tokens += ideal as u64;
-            self.metrics.recomputed_tokens += ideal.saturating_sub(m.cached_tokens) as u64;
-        }
-        if !self.replicas[r].running.contains(&p) {
-            self.replicas[r].running.push(p);
+            self.metrics.recomputed_tokens += ideal.saturating_sub(cached) as u64;
         }
     }
 
-    /// Drops `p`'s KV references on replica `r` and stops its request there
-    /// (the request stays in flight with the tokens generated so far).
-    pub(crate) fn pause_on(&mut self, p: ProgramId, r: usize) {
-        self.replicas[r].running.retain(|q| *q != p);
-        self.kv[r].pause(p);
-    }
-
-    fn terminate(&mut self, p: ProgramId) {
-        self.policy.on_terminate(p);
-        if let Some(prog) = self.programs.remove(&p) {
-            if let Some(h) = prog.home {
-                self.replicas[h].running.retain(|q| *q != p);
-                self.kv[h].release(p);
-            }
-        }
+    pub(crate) fn terminate(&mut self, p: ProgramId) {
+        self.core.terminate(p);
+        self.programs.remove(&p);
     }
 
     /// Completes the requests that produced their last token in the step that
@@ -302,20 +285,17 @@ impl Simulation {
             let len = prog.context.len();
             let latency = now - prog.request_arrived;
             let tool = self.cfg.workload.tool_time_s.sample(&mut prog.rng);
-            self.replicas[r].running.retain(|q| *q != p);
             if in_window {
                 self.metrics.steps += 1;
                 self.metrics.latencies.push(latency);
             }
-            if self.policy.on_request_finished(p, now, len) {
-                self.kv[r].pause(p);
-            }
+            self.core.finish(p, now, len);
             self.push(now + tool, Event::ToolDone(p.0));
         }
     }
 
     pub(crate) fn note_computed(&mut self, p: ProgramId, r: usize) {
-        let c = self.kv[r].num_computed(p);
+        let c = self.core.kv[r].num_computed(p);
         if let Some(prog) = self.programs.get_mut(&p) {
             prog.ever_computed = prog.ever_computed.max(c);
             if c >= self.system.len() {
@@ -327,7 +307,7 @@ impl Simulation {
     fn result(&self, wall_s: f64) -> RunResult {
         let m = &self.metrics;
         let window_min = ((self.cfg.duration_s - self.cfg.warmup_s) / 60.0).max(1e-9);
-        let stats = self.policy.stats();
+        let stats = self.core.policy.stats();
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         RunResult {
             policy: self.cfg.scheduler.policy.to_string(),
@@ -338,7 +318,7 @@ impl Simulation {
             prefix_hit_rate: ratio(m.hit_tokens, m.query_tokens),
             ideal_hit_rate: ratio(m.ideal_hit_tokens, m.query_tokens),
             recomputed_tokens: m.recomputed_tokens,
-            pauses: stats.pauses,
+            pauses: stats.pauses + stats.work_conserving_pauses,
             restores: stats.restores,
             preemptions: stats.exhaustion_pauses,
             kv_imbalance: m.kv_imbalance(),

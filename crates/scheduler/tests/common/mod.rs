@@ -1,17 +1,19 @@
-//! A tiny engine for the scheduler's tests: it owns one real [`KvCache`] per
-//! replica and plays the engine's part exactly as `agentd-sim` does — prefix
-//! matching and prefill on admission, slot allocation and commits on decode,
-//! `pause` / `release` when the policy says so, and the exhaustion loop that
-//! asks the policy for victims when an allocation fails. No mocks: every block
-//! count the policy reads comes from the caches.
+//! A tiny engine for the scheduler's tests over the real core
+//! ([`ReplicaSet`], the one the engine and `agentd-sim` use): it only owns the
+//! programs' token contexts and says when requests arrive, decode and finish;
+//! prefix matching, pauses, releases and the exhaustion loop that asks the
+//! policy for victims are the core's. No mocks: every block count the policy
+//! reads comes from the caches.
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
 
-use agentd_kv::{KvCache, PrefixMatch};
+use agentd_kv::PrefixMatch;
 use agentd_scheduler::{
-    Decision, Placement, Policy, ProgramId, ProgramScheduler, Replicas, Route, SchedulerConfig,
+    Contexts, Decision, Placement, Policy, ProgramId, ProgramScheduler, ReplicaSet, Replicas,
+    Route, SchedulerConfig,
 };
 
 /// Tokens per block in every test (small, so block counts stay readable).
@@ -51,24 +53,43 @@ pub enum Logged {
     Finished(ProgramId, bool),
 }
 
+/// The harness's contexts: each program's full token context.
+struct Ctx<'a>(&'a BTreeMap<ProgramId, Vec<u32>>);
+
+impl Contexts for Ctx<'_> {
+    fn context(&self, p: ProgramId) -> Option<&[u32]> {
+        self.0.get(&p).map(Vec::as_slice)
+    }
+    fn generated(&self, _p: ProgramId) -> usize {
+        0
+    }
+}
+
 pub struct Engine<P: Policy> {
-    pub policy: P,
-    pub kv: Vec<KvCache>,
+    /// The engine's own core: KV caches, running sets, homes, the policy.
+    pub core: ReplicaSet<P>,
     pub now: f64,
     /// Each program's full context (prompt + generated + tool output).
     pub ctx: BTreeMap<ProgramId, Vec<u32>>,
-    /// The replica holding the program's KV state (resident or paused).
-    pub home: BTreeMap<ProgramId, usize>,
-    /// Sequences in flight per replica (admitted, request not finished).
-    pub running: Vec<BTreeSet<ProgramId>>,
-    /// Requests submitted and not finished, per program.
-    pub pending: BTreeMap<ProgramId, u32>,
     /// Prefix match of each program's latest (re)start.
     pub last_match: BTreeMap<ProgramId, PrefixMatch>,
     /// When set, admission prefills at most this many tokens (chunked prefill);
     /// [`Engine::catch_up`] computes the rest.
     pub prefill_chunk: Option<usize>,
     pub log: Vec<Logged>,
+}
+
+impl<P: Policy> Deref for Engine<P> {
+    type Target = ReplicaSet<P>;
+    fn deref(&self) -> &ReplicaSet<P> {
+        &self.core
+    }
+}
+
+impl<P: Policy> DerefMut for Engine<P> {
+    fn deref_mut(&mut self) -> &mut ReplicaSet<P> {
+        &mut self.core
+    }
 }
 
 impl Engine<ProgramScheduler> {
@@ -78,20 +99,18 @@ impl Engine<ProgramScheduler> {
 
     /// `D(L)` now, read from the real caches.
     pub fn demand(&self, r: usize) -> f64 {
-        self.policy.demand(r, self.now, &Replicas(&self.kv))
+        self.core
+            .policy
+            .demand(r, self.now, &Replicas(&self.core.kv))
     }
 }
 
 impl<P: Policy> Engine<P> {
     pub fn new(policy: P, replicas: usize, blocks: usize) -> Self {
         Self {
-            policy,
-            kv: (0..replicas).map(|_| KvCache::new(blocks, BS, 0)).collect(),
+            core: ReplicaSet::new(policy, replicas, blocks, BS, 0, true),
             now: 0.0,
             ctx: BTreeMap::new(),
-            home: BTreeMap::new(),
-            running: vec![BTreeSet::new(); replicas],
-            pending: BTreeMap::new(),
             last_match: BTreeMap::new(),
             prefill_chunk: None,
             log: Vec::new(),
@@ -114,44 +133,30 @@ impl<P: Policy> Engine<P> {
 
     /// A request of `p` whose context grows by `toks`.
     pub fn request_tokens(&mut self, p: ProgramId, toks: &[u32]) -> Route {
-        let ctx = self.ctx.entry(p).or_default();
-        ctx.extend_from_slice(toks);
-        let len = ctx.len();
-        *self.pending.entry(p).or_default() += 1;
-        let route = self.policy.on_request(p, self.now, len);
+        self.ctx.entry(p).or_default().extend_from_slice(toks);
+        let started = self.core.on_request(p, self.now, &Ctx(&self.ctx));
+        let route = match started {
+            Some(s) => {
+                self.last_match.insert(p, s.matched);
+                Route::Run { replica: s.replica }
+            }
+            None => Route::Queued,
+        };
         self.log.push(Logged::Route(p, route));
-        if let Route::Run { replica } = route {
-            self.start_on(p, replica);
+        if started.is_some() {
             self.prefill(p);
         }
         route
     }
 
-    /// Starts (or restarts) `p` on `r`: moves its KV there if it lived
-    /// elsewhere and matches its prefix. Allocation waits for [`Engine::prefill`],
-    /// as in the engine, where every admission of a decision is matched before
-    /// the step's batch allocates.
-    pub fn start_on(&mut self, p: ProgramId, r: usize) {
-        if let Some(&h) = self.home.get(&p) {
-            if h != r {
-                self.kv[h].release(p);
-            }
-        }
-        self.home.insert(p, r);
-        let ctx = &self.ctx[&p];
-        let m = self.kv[r].match_prefix(p, ctx);
-        self.last_match.insert(p, m);
-        self.running[r].insert(p);
-    }
-
     /// Prefills a started `p` (at most `prefill_chunk` tokens). False when it
     /// is not running (any more) or was paused for lack of blocks.
     pub fn prefill(&mut self, p: ProgramId) -> bool {
-        if !self.is_running(p) {
+        if !self.core.is_running(p) {
             return false;
         }
-        let r = self.home[&p];
-        let n = self.ctx[&p].len() - self.kv[r].num_computed(p);
+        let r = self.home(p).expect("running programs have a home");
+        let n = self.ctx[&p].len() - self.core.kv[r].num_computed(p);
         let n = self.prefill_chunk.map_or(n, |c| n.min(c));
         self.compute(p, n)
     }
@@ -159,8 +164,8 @@ impl<P: Policy> Engine<P> {
     /// Computes every uncomputed token of `p`'s context. False when `p` was
     /// paused for lack of blocks.
     pub fn catch_up(&mut self, p: ProgramId) -> bool {
-        let r = self.home[&p];
-        let n = self.ctx[&p].len() - self.kv[r].num_computed(p);
+        let r = self.home(p).expect("known program");
+        let n = self.ctx[&p].len() - self.core.kv[r].num_computed(p);
         self.compute(p, n)
     }
 
@@ -173,108 +178,73 @@ impl<P: Policy> Engine<P> {
     }
 
     /// Allocates and commits the next `n` tokens of `p` on its replica; on
-    /// exhaustion asks the policy for victims like the engine does.
+    /// exhaustion the core asks the policy for victims, as in the engine.
     fn compute(&mut self, p: ProgramId, n: usize) -> bool {
-        let r = self.home[&p];
-        loop {
-            if self.kv[r].allocate_slots(p, n).is_ok() {
-                let from = self.kv[r].num_computed(p);
-                let toks = self.ctx[&p][from..from + n].to_vec();
-                self.kv[r].commit(p, &toks).expect("slots were allocated");
-                return true;
-            }
-            let victim = self.policy.preempt(r, self.now, &Replicas(&self.kv), p);
-            self.log.push(Logged::Preempt(r, p, victim));
-            match victim {
-                None => return false,
-                Some(v) => {
-                    self.pause_on(v, r);
-                    if v == p {
-                        return false;
-                    }
-                }
-            }
+        let r = self.home(p).expect("known program");
+        let mut victims = Vec::new();
+        let ok = self.core.reserve(r, p, n, self.now, &mut victims);
+        // The log records each preempt call's answer, as the policy gave it.
+        for &v in &victims {
+            self.log.push(Logged::Preempt(r, p, Some(v)));
         }
-    }
-
-    fn pause_on(&mut self, p: ProgramId, r: usize) {
-        assert_eq!(
-            self.home.get(&p),
-            Some(&r),
-            "{p} paused on replica {r} where it does not live"
-        );
-        self.running[r].remove(&p);
-        self.kv[r].pause(p);
+        if !ok {
+            if victims.last() != Some(&p) {
+                self.log.push(Logged::Preempt(r, p, None));
+            }
+            return false;
+        }
+        let from = self.core.kv[r].num_computed(p);
+        let toks = self.ctx[&p][from..from + n].to_vec();
+        self.core.commit(r, p, &toks).expect("slots were allocated");
+        true
     }
 
     /// One step boundary of replica `r`: the policy's decision, applied.
     pub fn step(&mut self, r: usize) -> Decision {
-        let d = self.policy.schedule(r, self.now, &Replicas(&self.kv));
-        self.log.push(Logged::Decision(r, d.clone()));
-        for &p in &d.pause {
-            self.pause_on(p, r);
+        let s = self.core.schedule(r, self.now, &Ctx(&self.ctx));
+        self.log.push(Logged::Decision(r, s.decision.clone()));
+        for st in &s.started {
+            self.last_match.insert(st.program, st.matched);
         }
-        for &(p, m) in &d.admit {
-            self.start_on(p, m);
-        }
-        for &(p, _) in &d.admit {
+        for &(p, _) in &s.decision.admit {
             self.prefill(p);
         }
-        d
+        s.decision
     }
 
     /// The latest request of `p` finished (it was running and fully computed).
     pub fn finish(&mut self, p: ProgramId) -> bool {
-        let r = self.home[&p];
-        assert!(self.running[r].contains(&p), "{p} is not running");
+        assert!(self.core.is_running(p), "{p} is not running");
         let len = self.ctx[&p].len();
-        let left = self.pending.get_mut(&p).expect("pending request");
-        *left -= 1;
-        if *left == 0 {
-            self.running[r].remove(&p);
-        }
-        let dropped = self.policy.on_request_finished(p, self.now, len);
+        let dropped = self.core.finish(p, self.now, len);
         self.log.push(Logged::Finished(p, dropped));
-        if dropped {
-            self.kv[r].pause(p);
-        }
         dropped
     }
 
+    /// Requests of `p` still in flight.
+    pub fn pending_of(&self, p: ProgramId) -> u32 {
+        self.core.pending(p)
+    }
+
     pub fn terminate(&mut self, p: ProgramId) {
-        self.policy.on_terminate(p);
-        self.forget(p);
+        self.core.terminate(p);
+        self.ctx.remove(&p);
     }
 
     /// Lease expiry at `now`.
     pub fn expire_at(&mut self, now: f64) -> Vec<ProgramId> {
         self.now = now;
-        let gone = self.policy.expire(now);
+        let gone = self.core.expire(now);
         self.log.push(Logged::Expired(gone.clone()));
-        for &p in &gone {
-            self.forget(p);
+        for p in &gone {
+            self.ctx.remove(p);
         }
         gone
     }
 
-    fn forget(&mut self, p: ProgramId) {
-        if let Some(h) = self.home.remove(&p) {
-            self.kv[h].release(p);
-        }
-        for r in &mut self.running {
-            r.remove(&p);
-        }
-        self.pending.remove(&p);
-        self.ctx.remove(&p);
-    }
-
-    pub fn is_running(&self, p: ProgramId) -> bool {
-        self.running.iter().any(|r| r.contains(&p))
-    }
-
     pub fn check_kv(&self) {
-        for (r, kv) in self.kv.iter().enumerate() {
-            if let Err(e) = kv.check_invariants() {
+        for r in 0..self.core.num_replicas() {
+            if let Err(e) = self.core.verify(r) {
                 panic!("replica {r}: {e}");
             }
         }

@@ -28,17 +28,25 @@ pub async fn handle(
     let req: ChatCompletionRequest = parse_json(&body)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
-    let prompt = chat_prompt::render(
-        &state,
-        &ChatInput {
-            messages: &req.messages,
-            tools: req.tools.as_deref(),
-            tool_choice: req.tool_choice.as_ref(),
-            chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
-            add_generation_prompt: req.add_generation_prompt,
-            continue_final_message: req.continue_final_message.unwrap_or(false),
-        },
-    )?;
+    // Rendering and tokenizing a long conversation is CPU work: off the runtime.
+    let (req, prompt) = {
+        let state = state.clone();
+        crate::offload::run(move || {
+            let prompt = chat_prompt::render(
+                &state,
+                &ChatInput {
+                    messages: &req.messages,
+                    tools: req.tools.as_deref(),
+                    tool_choice: req.tool_choice.as_ref(),
+                    chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+                    add_generation_prompt: req.add_generation_prompt,
+                    continue_final_message: req.continue_final_message.unwrap_or(false),
+                },
+            )?;
+            Ok((req, prompt))
+        })
+        .await?
+    };
     let (prompt, output) = (prompt.tokens, prompt.output);
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), k) => Some(k.unwrap_or(0)),

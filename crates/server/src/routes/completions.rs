@@ -68,7 +68,18 @@ pub async fn handle(
     let req: CompletionRequest = parse_json(&body)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
-    let prompts = prompt_list(&state, req.prompt)?;
+    // Tokenizing text prompts (or detokenizing token prompts for `echo`) is
+    // CPU work: off the runtime.
+    let (req, prompts) = {
+        let state = state.clone();
+        crate::offload::run(move || {
+            let mut req = req;
+            let prompt = std::mem::replace(&mut req.prompt, PromptSpec::Tokens(Vec::new()));
+            let prompts = prompt_list(&state, prompt)?;
+            Ok((req, prompts))
+        })
+        .await?
+    };
     let n = choices::count(req.common.n, prompts.len())?;
     let mut texts = Vec::with_capacity(prompts.len());
     let mut prompt_ids = Vec::with_capacity(prompts.len());

@@ -1,0 +1,414 @@
+//! The one core that applies the policy's decisions to the replicas' KV
+//! caches — the same code for the engine, the simulator and the scheduler's
+//! test harness, so that `agentd simulate` measures the engine's own
+//! behaviour and a scheduling change is made once.
+//!
+//! It owns, per replica, the [`KvCache`] and the list of programs whose
+//! request runs there; per program, its home replica and its requests in
+//! flight; and the policy. Callers own the token contexts (the engine's
+//! requests, the simulator's synthetic programs) and lend them through
+//! [`Contexts`]. Nothing here reads a clock: `now` is passed in.
+//!
+//! One step of replica `r`, as every caller runs it:
+//! 1. [`ReplicaSet::schedule`]: expire leases, ask the policy, pause its
+//!    victims, match the prefixes of its admissions;
+//! 2. [`ReplicaSet::plan_batch`]: decode tokens first, then prefill chunks,
+//!    under the token budget, allocating slots and pausing by the policy's
+//!    order when blocks run out (a victim planned before it was paused is
+//!    dropped from the plan);
+//! 3. the forward (engine) or the cost model (simulator), then
+//!    [`ReplicaSet::commit`] per planned sequence and [`ReplicaSet::finish`]
+//!    per request that ended.
+
+use std::collections::HashMap;
+
+use agentd_kv::{KvCache, KvError, PrefixMatch, ProgramId};
+use tracing::debug;
+
+use crate::{Decision, Policy, Replicas, Route};
+
+/// How often (seconds of `now`) leases are checked: `Policy::expire` walks
+/// every program, so not at every step of every replica; a quarter second is
+/// far below any sensible lease (default 30 min).
+pub const LEASE_CHECK_S: f64 = 0.25;
+
+/// The token contexts of programs' current requests, owned by the caller.
+pub trait Contexts {
+    /// The context `p`'s current request must have in KV: its prompt plus
+    /// the tokens generated so far. `None` when `p` has no request.
+    fn context(&self, p: ProgramId) -> Option<&[u32]>;
+    /// Tokens `p`'s current request has generated so far.
+    fn generated(&self, p: ProgramId) -> usize;
+}
+
+/// A program (re)started on a replica, with what of its context was cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    pub program: ProgramId,
+    pub replica: usize,
+    pub matched: PrefixMatch,
+    /// Length of the context that was matched.
+    pub context_tokens: usize,
+}
+
+/// What one schedule call did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scheduled {
+    /// The policy's decision, as applied.
+    pub decision: Decision,
+    /// The admissions, matched (in decision order).
+    pub started: Vec<Started>,
+    /// Programs whose inactivity lease ran out: terminated, KV released.
+    pub expired: Vec<ProgramId>,
+}
+
+/// One sequence of a step's batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    pub program: ProgramId,
+    /// Tokens of its context already in KV; the new ones start here.
+    pub num_computed: usize,
+    /// Tokens computed in this step (slots allocated).
+    pub num_new: usize,
+    /// A decode step: one token, sampled by the previous step.
+    pub decoding: bool,
+    /// The step reaches the end of its context: its logits sample a token.
+    pub wants_logits: bool,
+}
+
+/// A step's batch and the programs paused because blocks ran out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepPlan {
+    pub seqs: Vec<Planned>,
+    /// Victims of block exhaustion, in the order they were paused.
+    pub preempted: Vec<ProgramId>,
+    /// Tokens of budget left unused (a batch below its budget while requests
+    /// wait is lost throughput).
+    pub budget_left: usize,
+}
+
+/// Counters the core keeps about what it applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Tokens computed before that had to be computed again on a (re)start.
+    pub recomputed_tokens: u64,
+    /// Pauses forced by block exhaustion while planning a batch.
+    pub exhaustion_preemptions: u64,
+}
+
+/// The replicas, their KV caches and running sets, and the policy.
+pub struct ReplicaSet<P: Policy = Box<dyn Policy>> {
+    /// One KV cache per replica (read freely; change it through the core).
+    pub kv: Vec<KvCache>,
+    pub policy: P,
+    /// Programs with a request running on each replica, in start order.
+    running: Vec<Vec<ProgramId>>,
+    /// The replica holding each program's KV (kept while it is paused).
+    home: HashMap<ProgramId, usize>,
+    /// Requests submitted and not finished, per program.
+    pending: HashMap<ProgramId, u32>,
+    /// Longest prefix of each program's context ever computed.
+    ever_computed: HashMap<ProgramId, usize>,
+    next_lease_check: f64,
+    check_invariants: bool,
+    stats: CoreStats,
+}
+
+impl<P: Policy> ReplicaSet<P> {
+    /// `replicas` caches of `num_blocks` blocks of `block_size` tokens each.
+    /// `check_invariants` makes [`ReplicaSet::verify`] walk the pools (debug
+    /// builds and tests; O(blocks) per call).
+    pub fn new(
+        policy: P,
+        replicas: usize,
+        num_blocks: usize,
+        block_size: usize,
+        salt: u64,
+        check_invariants: bool,
+    ) -> Self {
+        let n = replicas.max(1);
+        Self {
+            kv: (0..n)
+                .map(|_| KvCache::new(num_blocks, block_size, salt))
+                .collect(),
+            policy,
+            running: vec![Vec::new(); n],
+            home: HashMap::new(),
+            pending: HashMap::new(),
+            ever_computed: HashMap::new(),
+            next_lease_check: 0.0,
+            check_invariants,
+            stats: CoreStats::default(),
+        }
+    }
+
+    pub fn num_replicas(&self) -> usize {
+        self.kv.len()
+    }
+    /// Programs with a request running on `r`, in start order.
+    pub fn running(&self, r: usize) -> &[ProgramId] {
+        &self.running[r]
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.iter().map(Vec::len).sum()
+    }
+    pub fn is_running(&self, p: ProgramId) -> bool {
+        self.home
+            .get(&p)
+            .is_some_and(|&r| self.running[r].contains(&p))
+    }
+    /// The replica holding `p`'s KV (resident or paused).
+    pub fn home(&self, p: ProgramId) -> Option<usize> {
+        self.home.get(&p).copied()
+    }
+    /// Requests of `p` submitted and not finished.
+    pub fn pending(&self, p: ProgramId) -> u32 {
+        self.pending.get(&p).copied().unwrap_or(0)
+    }
+    /// Every program with its requests in flight (in no particular order).
+    pub fn pending_programs(&self) -> impl Iterator<Item = (ProgramId, u32)> + '_ {
+        self.pending.iter().map(|(&p, &n)| (p, n))
+    }
+    pub fn blocks_held(&self, p: ProgramId) -> usize {
+        self.home(p).map_or(0, |h| self.kv[h].blocks_held(p))
+    }
+    pub fn stats(&self) -> CoreStats {
+        self.stats
+    }
+
+    /// A request of `p` arrived (its context is in `ctx`); it starts at once
+    /// when the policy routes it to a replica where `p` is active.
+    pub fn on_request(&mut self, p: ProgramId, now: f64, ctx: &impl Contexts) -> Option<Started> {
+        let len = ctx.context(p)?.len();
+        *self.pending.entry(p).or_default() += 1;
+        match self.policy.on_request(p, now, len) {
+            Route::Run { replica } => self.start_on(p, replica, ctx),
+            Route::Queued => None,
+        }
+    }
+
+    /// Starts (or restores) `p`'s request on `r`: moves its KV there if it
+    /// lived elsewhere, matches its context's prefix (its own blocks, then
+    /// the prefix cache) and adds it to `r`'s running set. Slots are
+    /// allocated later, by [`ReplicaSet::plan_batch`].
+    pub fn start_on(&mut self, p: ProgramId, r: usize, ctx: &impl Contexts) -> Option<Started> {
+        if let Some(h) = self.home.insert(p, r) {
+            if h != r {
+                self.kv[h].release(p);
+            }
+        }
+        let tokens = ctx.context(p)?;
+        let matched = self.kv[r].match_prefix(p, tokens);
+        // Computed before (this request or an earlier turn) and lost since;
+        // capped by this context, whose last token is always computed.
+        let ever = self.ever_computed.get(&p).copied().unwrap_or(0);
+        let recomputed = ever
+            .min(tokens.len().saturating_sub(1))
+            .saturating_sub(matched.cached_tokens);
+        self.stats.recomputed_tokens += recomputed as u64;
+        debug!(program = %p, replica = r, cached = matched.cached_tokens, recomputed, "start");
+        if !self.running[r].contains(&p) {
+            self.running[r].push(p);
+        }
+        Some(Started {
+            program: p,
+            replica: r,
+            matched,
+            context_tokens: tokens.len(),
+        })
+    }
+
+    /// Drops `p`'s KV references on `r`; its request (if any) stays in
+    /// flight with its generated tokens and waits for the program's restore.
+    pub fn pause_on(&mut self, p: ProgramId, r: usize) {
+        self.running[r].retain(|q| *q != p);
+        self.kv[r].pause(p);
+    }
+
+    /// Step boundary of `r`: lease expiry, the policy's decision, applied.
+    pub fn schedule(&mut self, r: usize, now: f64, ctx: &impl Contexts) -> Scheduled {
+        let expired = if now >= self.next_lease_check {
+            self.next_lease_check = now + LEASE_CHECK_S;
+            self.expire(now)
+        } else {
+            Vec::new()
+        };
+        let decision = self.policy.schedule(r, now, &Replicas(&self.kv));
+        for &p in &decision.pause {
+            if let Some(h) = self.home(p) {
+                self.pause_on(p, h);
+            }
+        }
+        let started = decision
+            .admit
+            .iter()
+            .filter_map(|&(p, m)| self.start_on(p, m, ctx))
+            .collect();
+        Scheduled {
+            decision,
+            started,
+            expired,
+        }
+    }
+
+    /// Terminates the programs whose lease ran out and releases their KV
+    /// ([`ReplicaSet::schedule`] calls it every [`LEASE_CHECK_S`] of `now`).
+    /// They have no request in flight, so no batch holds them.
+    pub fn expire(&mut self, now: f64) -> Vec<ProgramId> {
+        let gone = self.policy.expire(now);
+        for &p in &gone {
+            debug!(program = %p, "lease expired");
+            self.forget(p);
+        }
+        gone
+    }
+
+    /// The batch of `r` for this step: decode tokens first (one each,
+    /// latency-critical), then prefill chunks, in start order, under
+    /// `budget` tokens.
+    pub fn plan_batch(
+        &mut self,
+        r: usize,
+        now: f64,
+        budget: usize,
+        ctx: &impl Contexts,
+    ) -> StepPlan {
+        let mut order: Vec<(bool, ProgramId)> = self.running[r]
+            .iter()
+            .map(|&p| (!self.is_decoding(r, p, ctx), p))
+            .collect();
+        order.sort_by_key(|&(prefill, _)| prefill);
+        let mut plan = StepPlan {
+            budget_left: budget,
+            ..StepPlan::default()
+        };
+        for (prefill, p) in order {
+            if plan.budget_left == 0 {
+                break;
+            }
+            if !self.running[r].contains(&p) {
+                continue; // paused by an earlier allocation of this step
+            }
+            let Some(len) = ctx.context(p).map(<[u32]>::len) else {
+                continue;
+            };
+            let computed = self.kv[r].num_computed(p);
+            let n = len.saturating_sub(computed).min(plan.budget_left);
+            if n == 0 || !self.reserve(r, p, n, now, &mut plan.preempted) {
+                continue;
+            }
+            plan.seqs.push(Planned {
+                program: p,
+                num_computed: computed,
+                num_new: n,
+                decoding: !prefill,
+                wants_logits: computed + n == len,
+            });
+            plan.budget_left -= n;
+        }
+        // A victim paused after being planned must not run.
+        let running = &self.running[r];
+        plan.seqs.retain(|s| running.contains(&s.program));
+        plan
+    }
+
+    /// One definition of "decoding" for every caller: the request has
+    /// generated a token and that token is the only one not yet in KV.
+    pub fn is_decoding(&self, r: usize, p: ProgramId, ctx: &impl Contexts) -> bool {
+        ctx.generated(p) > 0
+            && ctx
+                .context(p)
+                .is_some_and(|c| c.len() == self.kv[r].num_computed(p) + 1)
+    }
+
+    /// Allocates slots for `n` tokens of `p` on `r`, pausing the policy's
+    /// victims while blocks are short. False when `p` itself was paused (or
+    /// nothing can be paused).
+    pub fn reserve(
+        &mut self,
+        r: usize,
+        p: ProgramId,
+        n: usize,
+        now: f64,
+        victims: &mut Vec<ProgramId>,
+    ) -> bool {
+        loop {
+            if self.kv[r].allocate_slots(p, n).is_ok() {
+                return true;
+            }
+            let Some(v) = self.policy.preempt(r, now, &Replicas(&self.kv), p) else {
+                return false;
+            };
+            debug!(replica = r, victim = %v, "blocks exhausted: pause");
+            self.pause_on(v, r);
+            self.stats.exhaustion_preemptions += 1;
+            victims.push(v);
+            if v == p {
+                return false;
+            }
+        }
+    }
+
+    /// Marks the next `tokens` of `p`'s context on `r` as computed. Returns
+    /// the tokens now computed.
+    pub fn commit(&mut self, r: usize, p: ProgramId, tokens: &[u32]) -> Result<usize, KvError> {
+        self.kv[r].commit(p, tokens)?;
+        let computed = self.kv[r].num_computed(p);
+        let ever = self.ever_computed.entry(p).or_default();
+        *ever = (*ever).max(computed);
+        Ok(computed)
+    }
+
+    /// A request of `p` finished with a context of `context_tokens`. The
+    /// program stops running once no request of it is left; a request-level
+    /// policy drops its KV references then (returns true when it did).
+    pub fn finish(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
+        let left = self.pending.get_mut(&p).map_or(0, |n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        let home = self.home(p);
+        if left == 0 {
+            if let Some(h) = home {
+                self.running[h].retain(|q| *q != p);
+            }
+        }
+        let drop_kv = self.policy.on_request_finished(p, now, context_tokens);
+        if drop_kv {
+            if let Some(h) = home {
+                self.kv[h].pause(p);
+            }
+        }
+        drop_kv
+    }
+
+    /// The program ended (release, final request, lease): the policy forgets
+    /// it and its KV is released.
+    pub fn terminate(&mut self, p: ProgramId) {
+        self.policy.on_terminate(p);
+        self.forget(p);
+    }
+
+    fn forget(&mut self, p: ProgramId) {
+        if let Some(h) = self.home.remove(&p) {
+            self.running[h].retain(|q| *q != p);
+            self.kv[h].release(p);
+        }
+        self.pending.remove(&p);
+        self.ever_computed.remove(&p);
+    }
+
+    /// Checks replica `r`'s KV invariants (`agentd_kv` docs) when enabled.
+    pub fn verify(&self, r: usize) -> Result<(), String> {
+        if !self.check_invariants {
+            return Ok(());
+        }
+        self.kv[r].check_invariants()?;
+        for &p in &self.running[r] {
+            if self.home(p) != Some(r) {
+                return Err(format!("{p} runs on replica {r} but lives elsewhere"));
+            }
+        }
+        Ok(())
+    }
+}
