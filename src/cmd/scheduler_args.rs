@@ -39,6 +39,10 @@ pub struct SchedulerArgs {
     /// Most sequences running on one replica.
     #[arg(long, default_value_t = DEFAULTS.max_running)]
     pub max_num_seqs: usize,
+    /// Work conservation: a replica running nothing pauses acting programs
+    /// for a program that has waited this long (seconds).
+    #[arg(long, default_value_t = DEFAULTS.idle_reclaim_after_s)]
+    pub idle_reclaim_after_s: f64,
 }
 
 impl SchedulerArgs {
@@ -54,6 +58,7 @@ impl SchedulerArgs {
             lease_s: self.program_lease_s,
             max_running: self.max_num_seqs,
             placement: self.placement,
+            idle_reclaim_after_s: self.idle_reclaim_after_s,
             ..SchedulerConfig::default()
         }
     }

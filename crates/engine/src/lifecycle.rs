@@ -163,8 +163,7 @@ impl Core {
                     blocks_held: self.replicas.blocks_held(*p),
                     steps: prog.steps,
                     waiting_requests: usize::from(
-                        prog.current.is_some()
-                            && !self.replicas.is_running(*p),
+                        prog.current.is_some() && !self.replicas.is_running(*p),
                     ),
                     parallel_requests: prog.children.len(),
                     parent_program: prog.parent_program.clone(),

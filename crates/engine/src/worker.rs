@@ -176,10 +176,12 @@ type Job<'a> = (
 fn sample_one((sampler, row, out): &mut Job<'_>, eos: &[u32]) {
     **out = Some(match sampler.sample(row) {
         Ok(output) => {
-            let finish = sampler.finish_reason(output.token_id, eos).map(|f| match f {
-                agentd_models::sampling::FinishReason::Stop => FinishReason::Stop,
-                agentd_models::sampling::FinishReason::Length => FinishReason::Length,
-            });
+            let finish = sampler
+                .finish_reason(output.token_id, eos)
+                .map(|f| match f {
+                    agentd_models::sampling::FinishReason::Stop => FinishReason::Stop,
+                    agentd_models::sampling::FinishReason::Length => FinishReason::Length,
+                });
             Sampled {
                 output: Some(output),
                 finish,

@@ -81,6 +81,10 @@ pub struct SchedulerConfig {
     /// How stale (seconds) another replica's cached demand may be when placing.
     pub demand_refresh_s: f64,
     pub placement: Placement,
+    /// Work conservation: a replica running nothing pauses acting programs
+    /// for a program that has waited this long (seconds) and would not fit
+    /// otherwise.
+    pub idle_reclaim_after_s: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -108,6 +112,7 @@ impl SchedulerConfig {
         max_running: 256,
         demand_refresh_s: 0.25,
         placement: Placement::MostRoom,
+        idle_reclaim_after_s: 0.5,
     };
 
     /// `f(t) = x^(-t/Δ)`: the weight of an acting program's exclusive memory

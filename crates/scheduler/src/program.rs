@@ -48,6 +48,8 @@ pub(crate) struct Program {
     /// True once it has been admitted at least once (restore vs. first admission).
     pub admitted_once: bool,
     pub waiting: bool,
+    /// When it last started waiting for admission.
+    pub waiting_since: f64,
     /// Cached (shared prefix blocks, measured at) for restore-need estimates.
     pub shared_estimate: Option<(usize, f64)>,
 }
@@ -65,6 +67,7 @@ impl Program {
             steps: 0,
             admitted_once: false,
             waiting: false,
+            waiting_since: now,
             shared_estimate: None,
         }
     }

@@ -169,9 +169,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Overloaded { .. } => ApiError::Overloaded(e.to_string()),
-            EngineError::ContextTooLong { .. } => {
-                ApiError::ContextTooLong(e.to_string())
-            }
+            EngineError::ContextTooLong { .. } => ApiError::ContextTooLong(e.to_string()),
             EngineError::Invalid(m) => ApiError::InvalidParam {
                 param: None,
                 message: m,

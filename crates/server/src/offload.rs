@@ -37,7 +37,9 @@ where
     });
     match job.await {
         Ok(r) => r,
-        Err(e) => Err(ApiError::Internal(format!("request preparation failed: {e}"))),
+        Err(e) => Err(ApiError::Internal(format!(
+            "request preparation failed: {e}"
+        ))),
     }
 }
 

@@ -64,12 +64,10 @@ impl Simulation {
             self.note_computed(s.program, r);
         }
 
-        self.core
-            .verify(r)
-            .map_err(|detail| SimError::Invariant {
-                time: self.now,
-                detail,
-            })?;
+        self.core.verify(r).map_err(|detail| SimError::Invariant {
+            time: self.now,
+            detail,
+        })?;
         if shape.tokens == 0 {
             self.replicas[r].busy = false;
             return Ok(());

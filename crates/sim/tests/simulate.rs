@@ -56,8 +56,9 @@ fn request_policy_thrashes_where_program_policy_keeps_its_cache() {
         req_low.prefix_hit_rate,
         req_high.prefix_hit_rate
     );
+    // Work conservation gives up some cache for throughput (see below).
     assert!(
-        prog_high.prefix_hit_rate >= 0.85 * prog_high.ideal_hit_rate,
+        prog_high.prefix_hit_rate >= 0.8 * prog_high.ideal_hit_rate,
         "program policy keeps its hit rate: {} of ideal {}",
         prog_high.prefix_hit_rate,
         prog_high.ideal_hit_rate
@@ -102,4 +103,24 @@ fn bad_configs_are_rejected() {
     let mut cfg = config(PolicyKind::Program, 4);
     cfg.scheduler.lambda_min = 1.5;
     assert!(run(&cfg).is_err());
+}
+
+/// Work conservation (an idle replica pauses acting programs for a program
+/// that has waited): in the thrashing regime it trades some cache for work —
+/// measured here 80.0 vs 76.1 steps/min, p99 71 vs 100 s, hit 0.81 vs 0.89 —
+/// so it must never lower throughput or raise the tail.
+#[test]
+fn work_conservation_raises_throughput_and_lowers_the_tail() {
+    let with = sim(PolicyKind::Program, 12);
+    let mut off = config(PolicyKind::Program, 12);
+    off.scheduler.idle_reclaim_after_s = f64::INFINITY;
+    let without = run(&off).expect("simulation runs");
+    assert!(
+        with.steps_per_min >= without.steps_per_min,
+        "{with:?} vs {without:?}"
+    );
+    assert!(
+        with.p99_step_s <= without.p99_step_s,
+        "{with:?} vs {without:?}"
+    );
 }
