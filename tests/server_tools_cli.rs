@@ -37,6 +37,8 @@ fn serve_reclaims_tool_resources_on_final_and_on_exit() {
         "--num-kv-blocks".into(),
         "256".into(),
         "--reclaim-on-exit".into(),
+        // The test's tool processes are its own, not an environment's.
+        "--allow-foreign-pids".into(),
         "--sandbox-root".into(),
         root.clone().into(),
         "--docker-socket".into(),
