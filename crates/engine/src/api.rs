@@ -20,6 +20,10 @@ pub struct GenerateRequest {
     /// The program that spawned this one (a subagent's caller; Dynamo's
     /// `x-dynamo-parent-session-id`). Recorded on the program, shown on `/programs`.
     pub parent_program: Option<String>,
+    /// Prefix-cache salt: the request shares KV blocks only with requests of
+    /// the same salt (the server derives it from the tenant and the body's
+    /// `cache_salt`; 0 shares with every unsalted request).
+    pub cache_salt: u64,
 }
 
 /// Why a request stopped.

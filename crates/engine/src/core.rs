@@ -48,6 +48,8 @@ pub(crate) struct Req {
     pub arrived: Instant,
     pub first_token: Option<Instant>,
     pub final_request: bool,
+    /// `GenerateRequest::cache_salt`.
+    pub cache_salt: u64,
 }
 
 impl Req {
@@ -118,6 +120,12 @@ impl Contexts for Requests<'_> {
             .get(&p)
             .and_then(|q| q.current.as_ref())
             .map_or(0, |r| r.tokens.len() - r.prompt_len)
+    }
+    fn cache_salt(&self, p: ProgramId) -> u64 {
+        self.0
+            .get(&p)
+            .and_then(|q| q.current.as_ref())
+            .map_or(0, |r| r.cache_salt)
     }
 }
 
@@ -228,6 +236,7 @@ impl Core {
             arrived: Instant::now(),
             first_token: None,
             final_request: req.final_request || req.program.is_none(),
+            cache_salt: req.cache_salt,
         };
         let Some(prog) = self.programs.get_mut(&p) else {
             return Err(EngineError::Invalid("program vanished".into()));

@@ -73,6 +73,7 @@ fn request(program: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> Genera
         sampling: greedy(max_tokens),
         final_request: false,
         parent_program: None,
+        cache_salt: 0,
     }
 }
 

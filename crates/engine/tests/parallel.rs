@@ -38,6 +38,7 @@ fn submit(
         },
         final_request: last,
         parent_program: None,
+        cache_salt: 0,
     })
     .expect("accepted")
 }

@@ -39,6 +39,7 @@ fn run(e: &Engine, program: Option<&str>, final_request: bool) {
             },
             final_request,
             parent_program: None,
+            cache_salt: 0,
         })
         .expect("submitted");
     while let Some(ev) = s.blocking_next() {
@@ -151,6 +152,7 @@ fn a_final_parallel_request_ends_its_program_as_final_once() {
             },
             final_request,
             parent_program: None,
+            cache_salt: 0,
         })
         .expect("submitted")
     };

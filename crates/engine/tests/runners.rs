@@ -65,6 +65,7 @@ fn run(engine: &Engine, program: &str, prompt: Vec<u32>) -> (Vec<u32>, FinishRea
             },
             final_request: false,
             parent_program: None,
+            cache_salt: 0,
         })
         .expect("accepted");
     let mut toks = Vec::new();

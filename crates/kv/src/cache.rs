@@ -125,10 +125,27 @@ impl KvCache {
     /// replica's prefix cache. The last token is never reported as cached: its
     /// logits must be computed.
     pub fn match_prefix(&mut self, p: ProgramId, tokens: &[u32]) -> PrefixMatch {
+        self.match_prefix_salted(p, tokens, 0)
+    }
+
+    /// [`KvCache::match_prefix`] for a request whose prefix must only be shared
+    /// with requests of the same `salt` (a tenant's, or a request's
+    /// `cache_salt`; 0 shares with every unsalted request). The salt is mixed
+    /// into the first block's hash, so two salts share no block of the chain.
+    /// A program whose salt changes keeps none of its own blocks either.
+    pub fn match_prefix_salted(&mut self, p: ProgramId, tokens: &[u32], salt: u64) -> PrefixMatch {
         let bs = self.block_size;
-        let mut kv = self.programs.remove(&p).unwrap_or_default();
+        let mut kv = self.take(p);
+        let salt = self.salt ^ salt;
+        if kv.salt != salt {
+            // Nothing of the old chain may be reused, not even the unhashed tail.
+            self.truncate(p, &mut kv, 0);
+            kv.hashes.clear();
+            kv.tail.clear();
+            kv.salt = salt;
+        }
         let limit = tokens.len().saturating_sub(1);
-        let want = hash_blocks(None, &tokens[..limit / bs * bs], bs, self.salt);
+        let want = hash_blocks(None, &tokens[..limit / bs * bs], bs, salt);
 
         // 1. The program's own resident blocks.
         let full_own = (kv.num_computed / bs).min(kv.blocks.len());
@@ -194,7 +211,7 @@ impl KvCache {
         if needed > available {
             return Err(KvError::OutOfBlocks { needed, available });
         }
-        let mut kv = self.programs.remove(&p).unwrap_or_default();
+        let mut kv = self.take(p);
         for _ in 0..needed {
             // Cannot fail: availability was checked above and nothing else runs.
             let Some(b) = self.pool.allocate(p) else {
@@ -247,7 +264,7 @@ impl KvCache {
             kv.tail.push(t);
             if kv.tail.len() == bs {
                 let parent = kv.hashes.last().copied();
-                let h = hash_block(parent, &kv.tail, self.salt);
+                let h = hash_block(parent, &kv.tail, kv.salt);
                 let b = kv.blocks[kv.hashes.len()];
                 self.pool.register_hash(b, h, parent, &kv.tail);
                 kv.hashes.push(h);
@@ -312,6 +329,14 @@ impl KvCache {
         chain.get(i).is_some_and(|&h| self.pool.lookup(h).is_some())
     }
 
+    /// `p`'s state, taken out of the map (a fresh one with the cache's salt).
+    fn take(&mut self, p: ProgramId) -> ProgramKv {
+        self.programs.remove(&p).unwrap_or_else(|| ProgramKv {
+            salt: self.salt,
+            ..ProgramKv::default()
+        })
+    }
+
     /// Releases `kv.blocks[keep..]`, last block first so the LRU evicts the end
     /// of a chain before its beginning (a prefix is only useful whole).
     fn truncate(&mut self, p: ProgramId, kv: &mut ProgramKv, keep: usize) {
@@ -350,11 +375,15 @@ impl KvCache {
         let n = self.pool.num_blocks();
         let mut refs = vec![0u32; n];
         let mut xor = vec![0u64; n];
+        let mut salt_of: Vec<Option<u64>> = vec![None; n];
         for (p, kv) in &self.programs {
             let mut exclusive = 0;
             for b in &kv.blocks {
                 refs[b.0 as usize] += 1;
                 xor[b.0 as usize] ^= p.0;
+                if *salt_of[b.0 as usize].get_or_insert(kv.salt) != kv.salt {
+                    return Err(format!("block {}: shared across salts", b.0));
+                }
             }
             for b in &kv.blocks {
                 if self.pool.ref_count(*b) == 1 {

@@ -6,7 +6,8 @@
 //! * [`BlockPool`] — the blocks themselves: refcounts, a free list, an O(1)
 //!   LRU of *evictable cached* blocks (free, but still carrying a valid content
 //!   hash) and the hash → block map.
-//! * [`hash`] — chained content hashes of full blocks (`h_i = H(h_{i-1}, tokens_i, salt)`).
+//! * [`hash`] — chained content hashes of full blocks (`h_0 = H(salt, tokens_0)`,
+//!   `h_i = H(h_{i-1}, tokens_i)`).
 //! * [`events`] — the prefix cache's transitions (stored / removed / cleared)
 //!   for KV-aware routers, recorded only when enabled.
 //! * [`KvCache`] — per-program block tables kept *between* requests, prefix
@@ -19,7 +20,9 @@
 //! 3. the hash map points only at blocks carrying that hash, and every hashed
 //!    unreferenced block is in the map (so the LRU only holds reachable blocks);
 //! 4. each program's exclusive-block count equals the number of its blocks whose
-//!    refcount is 1.
+//!    refcount is 1;
+//! 5. programs of different salts (tenants, request `cache_salt`s) never hold
+//!    the same block.
 
 mod cache;
 mod error;

@@ -29,6 +29,9 @@ pub(crate) struct ProgramKv {
     pub num_slots: usize,
     /// Blocks of `blocks` that no other program references.
     pub exclusive: usize,
+    /// The salt of its chain's first block (the cache's salt mixed with the
+    /// current request's); a turn with another salt matches none of its blocks.
+    pub salt: u64,
 }
 
 impl ProgramKv {

@@ -10,6 +10,8 @@ use agentd_kv::{BlockHash, KvCache, KvEvent, ProgramId};
 use proptest::prelude::*;
 
 const BS: usize = 4;
+/// Request salts the random turns use (0: unsalted).
+const SALTS: [u64; 3] = [0, 1, 0xdead_beef];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -19,6 +21,7 @@ enum Op {
         p: u8,
         stem: u8,
         extra: u8,
+        salt: u8,
     },
     /// Decode some tokens.
     Decode {
@@ -35,7 +38,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..6, 0u8..3, 0u8..24).prop_map(|(p, stem, extra)| Op::Turn { p, stem, extra }),
+        4 => (0u8..6, 0u8..3, 0u8..24, 0u8..3)
+            .prop_map(|(p, stem, extra, salt)| Op::Turn { p, stem, extra, salt }),
         4 => (0u8..6, 1u8..10).prop_map(|(p, n)| Op::Decode { p, n }),
         2 => (0u8..6).prop_map(|p| Op::Pause { p }),
         1 => (0u8..6).prop_map(|p| Op::Release { p }),
@@ -54,13 +58,13 @@ proptest! {
         let mut ctx: Vec<Vec<u32>> = vec![Vec::new(); 6];
         for op in ops {
             match op {
-                Op::Turn { p, stem, extra } => {
+                Op::Turn { p, stem, extra, salt } => {
                     let c = &mut ctx[p as usize];
                     if c.is_empty() {
                         c.extend((0..8).map(|i| stem as u32 * 1000 + i));
                     }
                     c.extend((0..extra as u32).map(|i| p as u32 * 7 + i % 3));
-                    let m = kv.match_prefix(ProgramId(p as u64), c);
+                    let m = kv.match_prefix_salted(ProgramId(p as u64), c, SALTS[salt as usize]);
                     prop_assert!(m.cached_tokens < c.len().max(1));
                     let rest = c[m.cached_tokens..].to_vec();
                     if kv.allocate_slots(ProgramId(p as u64), rest.len()).is_ok() {
@@ -108,11 +112,44 @@ fn apply(seen: &mut HashSet<BlockHash>, e: KvEvent) -> Result<(), TestCaseError>
             tokens,
         } => {
             prop_assert_eq!(tokens.len(), BS);
-            prop_assert_eq!(hash, hash_block(parent, &tokens, 0));
+            // A child's hash is its parent's and tokens' alone; a root's
+            // carries one of the salts in use.
+            prop_assert!(
+                SALTS
+                    .iter()
+                    .any(|&s| hash == hash_block(parent, &tokens, s)),
+                "stored hash is not its tokens' hash"
+            );
             prop_assert!(seen.insert(hash), "stored twice");
         }
         KvEvent::Removed { hash } => prop_assert!(seen.remove(&hash), "removed unknown"),
         KvEvent::Cleared => seen.clear(),
     }
     Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// The same prompt under two salts shares no block; under one salt the
+    /// second program reuses every full block the first computed.
+    #[test]
+    fn salts_separate_and_equal_salts_share(
+        len in 5usize..40, a in 0u64..4, b in 0u64..4, pause in any::<bool>(),
+    ) {
+        let mut kv = KvCache::new(32, BS, 0);
+        let prompt: Vec<u32> = (0..len as u32).collect();
+        let (p, q) = (ProgramId(1), ProgramId(2));
+        kv.match_prefix_salted(p, &prompt, a);
+        kv.allocate_slots(p, len).unwrap();
+        kv.commit(p, &prompt).unwrap();
+        if pause {
+            kv.pause(p);
+        }
+        let m = kv.match_prefix_salted(q, &prompt, b);
+        let full = (len - 1) / BS * BS;
+        prop_assert_eq!(m.shared_tokens, if a == b { full } else { 0 });
+        let held: HashSet<_> = kv.block_table(p).iter().collect();
+        prop_assert!(a == b || kv.block_table(q).iter().all(|x| !held.contains(x)));
+        prop_assert!(kv.check_invariants().is_ok());
+    }
 }

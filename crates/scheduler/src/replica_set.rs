@@ -39,6 +39,11 @@ pub trait Contexts {
     fn context(&self, p: ProgramId) -> Option<&[u32]>;
     /// Tokens `p`'s current request has generated so far.
     fn generated(&self, p: ProgramId) -> usize;
+    /// The prefix-cache salt of `p`'s current request (its tenant's mixed
+    /// with its `cache_salt`): it shares KV only with requests of equal salt.
+    fn cache_salt(&self, _p: ProgramId) -> u64 {
+        0
+    }
 }
 
 /// A program (re)started on a replica, with what of its context was cached.
@@ -198,7 +203,7 @@ impl<P: Policy> ReplicaSet<P> {
             }
         }
         let tokens = ctx.context(p)?;
-        let matched = self.kv[r].match_prefix(p, tokens);
+        let matched = self.kv[r].match_prefix_salted(p, tokens, ctx.cache_salt(p));
         // Computed before (this request or an earlier turn) and lost since;
         // capped by this context, whose last token is always computed.
         let ever = self.ever_computed.get(&p).copied().unwrap_or(0);

@@ -91,6 +91,7 @@ pub fn submit(
     // Before the engine sees the request: a `final` request may end the
     // program (and so reclaim its resources) as soon as it is submitted.
     state.declare_tools(program)?;
+    let cache_salt = Caller::current().prefix_salt(program.cache_salt.as_deref());
     let mut out = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, sampling)) in prompts.into_iter().enumerate() {
         for j in 0..n {
@@ -104,6 +105,7 @@ pub fn submit(
                 sampling: params,
                 final_request: first && (program.final_request || released),
                 parent_program: if first { program.parent.clone() } else { None },
+                cache_salt,
             })?;
             out.push(Choice {
                 index: p * n + j,

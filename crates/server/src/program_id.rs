@@ -34,6 +34,8 @@ pub struct ProgramRef {
     pub tool_resources: Option<ToolResources>,
     /// The program that spawned this one (`x-dynamo-parent-session-id`).
     pub parent: Option<String>,
+    /// The body's `cache_salt` (checked non-empty).
+    pub cache_salt: Option<String>,
 }
 
 /// A program id from a URL or a body: 1 to [`MAX_ID_LEN`] bytes.
@@ -63,6 +65,13 @@ pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiE
     } else {
         (None, "none")
     };
+    if c.cache_salt.as_deref() == Some("") {
+        // vLLM: "Parameter 'cache_salt' must be a non-empty string if provided."
+        return Err(ApiError::invalid(
+            "cache_salt",
+            "cache_salt must be a non-empty string if provided",
+        ));
+    }
     let parent = header(headers, DYNAMO_PARENT)?;
     if let Some(id) = &parent {
         check(id)?;
@@ -103,6 +112,7 @@ pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiE
         final_request,
         tool_resources,
         parent,
+        cache_salt: c.cache_salt.clone(),
     })
 }
 

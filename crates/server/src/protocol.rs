@@ -80,6 +80,9 @@ pub struct CommonParams {
     pub repetition_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM's `cache_salt`: only requests with the same salt (of the same
+    /// tenant) share prefix-cache blocks. A non-empty string.
+    pub cache_salt: Option<String>,
     // agentd program fields.
     pub program_id: Option<String>,
     #[serde(rename = "final")]

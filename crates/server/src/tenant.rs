@@ -115,6 +115,25 @@ impl Caller {
             0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(t as u64 + 1)
         })
     }
+
+    /// The prefix-cache salt of a request of this tenant with the body's
+    /// `cache_salt` (vLLM's): the tenant's salt when there is none, else a
+    /// 64-bit hash of both, so equal `cache_salt`s of two tenants still
+    /// differ and a client cannot pick another tenant's salt (it would need a
+    /// 64-bit preimage).
+    pub fn prefix_salt(&self, cache_salt: Option<&str>) -> u64 {
+        let base = self.cache_salt();
+        match cache_salt {
+            None => base,
+            Some(s) => {
+                let mut h = xxhash_rust::xxh3::Xxh3::new();
+                h.update(b"agentd-cache-salt");
+                h.update(&base.to_le_bytes());
+                h.update(s.as_bytes());
+                h.digest()
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -146,5 +165,10 @@ mod tests {
         let (c1, c11) = (k11.caller("key1").unwrap(), k11.caller("key11").unwrap());
         assert_eq!(c1.own(&c11.program_key("p")), None);
         assert_ne!(a.cache_salt(), b.cache_salt());
+        assert_eq!(a.prefix_salt(None), a.cache_salt());
+        assert_ne!(a.prefix_salt(Some("x")), b.prefix_salt(Some("x")));
+        assert_ne!(a.prefix_salt(Some("x")), a.prefix_salt(Some("y")));
+        assert_eq!(a.prefix_salt(Some("x")), a.prefix_salt(Some("x")));
+        assert_ne!(Caller::default().prefix_salt(Some("x")), 0);
     }
 }

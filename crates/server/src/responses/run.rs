@@ -82,6 +82,7 @@ pub fn prepare(
         final_request: !store || resolved.final_request,
         tool_resources: resolved.tool_resources,
         parent: resolved.parent,
+        cache_salt: resolved.cache_salt,
     };
     tracing::info!(response = %id, program = %program, prompt_tokens = tokens.len(),
         previous = ?req.previous_response_id, store, stream = req.common.stream, "response");

@@ -130,6 +130,12 @@ fn field_mutations() -> Vec<(&'static str, Value)> {
         ("logit_bias", json!({"x": 5})),
         ("logit_bias", json!(5)),
         ("user", json!(5)),
+        ("cache_salt", json!("")),
+        ("cache_salt", json!(5)),
+        ("cache_salt", json!([])),
+        ("cache_salt", json!({})),
+        ("cache_salt", json!(true)),
+        ("cache_salt", json!("x".repeat(100_000))),
     ]
 }
 

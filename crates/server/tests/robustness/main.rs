@@ -7,7 +7,9 @@
 //!   body limits, chunking, stalled bodies, auth scheme) in the same shape,
 //!   and a release racing its program's first request;
 //! - [`flood`]: thousands of half-open connections, idle keep-alives;
-//! - [`tenants`]: several API keys, each acting only on its own programs.
+//! - [`tenants`]: several API keys, each acting only on its own programs
+//!   and responses;
+//! - [`salt`]: the prefix cache shared only within a tenant and a `cache_salt`.
 //!
 //! Every test ends by checking the server is still healthy and holds no KV.
 
@@ -17,6 +19,7 @@ mod common;
 mod catalogue;
 mod flood;
 mod protocol;
+mod salt;
 mod tenants;
 
 use std::net::SocketAddr;
@@ -49,10 +52,17 @@ pub fn assert_error_shape(r: &common::Resp, what: &str) {
 /// The server answers `/health` and holds no KV block (every refused or
 /// finished request gave its blocks back).
 pub fn assert_settled(addr: SocketAddr) {
+    assert_settled_as(addr, None);
+}
+
+/// [`assert_settled`] for a server with API keys (`key` reads `/metrics`).
+pub fn assert_settled_as(addr: SocketAddr, key: Option<&str>) {
     assert_eq!(common::get(addr, "/health").status, 200);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
     loop {
-        let m = common::get(addr, "/metrics").body;
+        let m = common::request(addr, "GET", "/metrics", &headers, None).body;
         let running = common::metric(&m, "vllm:num_requests_running");
         let usage = common::metric(&m, "vllm:kv_cache_usage_perc");
         if running == 0.0 && usage == 0.0 {
