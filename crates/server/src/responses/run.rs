@@ -27,6 +27,7 @@ use crate::error::ApiError;
 use crate::generation::Step;
 use crate::program_id::{self, ProgramRef};
 use crate::sampling;
+use crate::tenant::Caller;
 
 /// A response submitted to the engine, not yet generated.
 pub struct Prepared {
@@ -36,6 +37,9 @@ pub struct Prepared {
     output: OutputOptions,
     choice: Choice,
     prompt: Vec<u32>,
+    /// The tenant that created it ([`drive`] may run on a task of its own,
+    /// outside the request's caller scope).
+    owner: Caller,
 }
 
 /// Builds the prompt of `req` and submits it.
@@ -98,19 +102,27 @@ pub fn prepare(
     let object = ResponseObject::started(id, state.model_name.clone(), &req, program);
     // Visible to GET and cancel from now on (a background request returns
     // before its task first runs).
-    keep(state, &object, Arc::new(history.clone()), Arc::default());
+    let owner = Caller::current();
+    keep(
+        state,
+        owner,
+        &object,
+        Arc::new(history.clone()),
+        Arc::default(),
+    );
     Ok(Prepared {
         object,
         history,
         output: prompt.output,
         choice,
         prompt: tokens,
+        owner,
     })
 }
 
 /// The stored response a request continues; it must have finished.
 fn previous(state: &SharedState, id: &str) -> Result<Stored, ApiError> {
-    let (found, ended) = state.responses.get(id);
+    let (found, ended) = state.responses.get(id, Caller::current());
     release_all(state, ended);
     let prev = found.ok_or_else(|| ApiError::ResponseNotFound(id.to_string()))?;
     if !prev.object.status.is_final() {
@@ -187,7 +199,7 @@ fn render(
     Ok((prompt, tokens))
 }
 
-/// Releases the programs of chains that left the store.
+/// Releases the programs (engine keys) of chains that left the store.
 pub fn release_all(state: &SharedState, programs: Vec<String>) {
     for p in programs {
         if state.engine.release(&p) {
@@ -198,6 +210,7 @@ pub fn release_all(state: &SharedState, programs: Vec<String>) {
 
 fn keep(
     state: &SharedState,
+    owner: Caller,
     object: &ResponseObject,
     history: Arc<Vec<ChatMessage>>,
     turn: Arc<Turn>,
@@ -207,6 +220,7 @@ fn keep(
             object: object.clone(),
             history,
             turn,
+            owner,
         });
         release_all(state, ended);
     }
@@ -227,11 +241,12 @@ pub async fn drive(
         output,
         choice,
         prompt,
+        owner,
     } = p;
     let history = Arc::new(history);
     object.status = Status::InProgress;
-    keep(&state, &object, history.clone(), Arc::default());
-    let cancel = state.responses.start(&object.id);
+    keep(&state, owner, &object, history.clone(), Arc::default());
+    let cancel = state.responses.start(&object.id, owner);
     let created = json!({"type": "response.created", "response": &object});
     let in_progress = json!({"type": "response.in_progress", "response": &object});
     let mut gen = choice.gen;
@@ -306,7 +321,7 @@ pub async fn drive(
         }
         _ => Turn::default(),
     };
-    keep(&state, &object, Arc::new(full), Arc::new(turn));
+    keep(&state, owner, &object, Arc::new(full), Arc::new(turn));
     ev.push(json!({"type": terminal, "response": &object}));
     sink(ev);
     object

@@ -5,6 +5,11 @@
 //!
 //! Eviction is lazy (on every store call): the engine's own inactivity lease
 //! ends idle programs meanwhile, so an idle server loses nothing by it.
+//!
+//! A response belongs to the tenant that created it: to any other caller it
+//! does not exist (404 on retrieve, delete, cancel and `previous_response_id`),
+//! and its chain's program is counted (and released) under the owner's
+//! engine key, whoever's request happens to evict it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,6 +20,7 @@ use tokio::sync::Notify;
 
 use super::continuation::Turn;
 use super::protocol::ResponseObject;
+use crate::tenant::Caller;
 
 /// Default most responses kept: at ~10 KB of history each, ~40 MB.
 pub const DEFAULT_MAX_RESPONSES: usize = 4096;
@@ -32,6 +38,15 @@ pub struct Stored {
     /// Its tokens, for the next turn to extend the program's KV exactly
     /// (empty until it finished).
     pub turn: Arc<Turn>,
+    /// The tenant that created it: the only one that can see it.
+    pub owner: Caller,
+}
+
+impl Stored {
+    /// The engine's key of its chain's program.
+    fn program_key(&self) -> String {
+        self.owner.program_key(&self.object.program_id)
+    }
 }
 
 struct Entry {
@@ -44,10 +59,10 @@ struct Inner {
     entries: HashMap<String, Entry>,
     /// Ids in insertion order (oldest first); may hold deleted ids.
     order: VecDeque<String>,
-    /// Stored responses per program.
+    /// Stored responses per program (engine keys).
     programs: HashMap<String, usize>,
-    /// Responses being generated, with what wakes them to cancel.
-    running: HashMap<String, Arc<Notify>>,
+    /// Responses being generated, their owner and what wakes them to cancel.
+    running: HashMap<String, (Caller, Arc<Notify>)>,
 }
 
 pub struct ResponseStore {
@@ -83,10 +98,7 @@ impl ResponseStore {
         if let Some(e) = inner.entries.get_mut(&id) {
             e.stored = stored;
         } else {
-            *inner
-                .programs
-                .entry(stored.object.program_id.clone())
-                .or_default() += 1;
+            *inner.programs.entry(stored.program_key()).or_default() += 1;
             inner.order.push_back(id.clone());
             let expires = Instant::now() + self.ttl;
             inner.entries.insert(id, Entry { stored, expires });
@@ -94,19 +106,25 @@ impl ResponseStore {
         self.evict(&mut inner)
     }
 
-    /// A live stored response, and programs that ended by expiry.
-    pub fn get(&self, id: &str) -> (Option<Stored>, Vec<String>) {
+    /// A live stored response of `caller`, and programs (engine keys) that
+    /// ended by expiry.
+    pub fn get(&self, id: &str, caller: Caller) -> (Option<Stored>, Vec<String>) {
         let mut inner = self.lock();
         let ended = self.evict(&mut inner);
-        (inner.entries.get(id).map(|e| e.stored.clone()), ended)
+        let found = inner.entries.get(id).filter(|e| e.stored.owner == caller);
+        (found.map(|e| e.stored.clone()), ended)
     }
 
-    /// Deletes a response; `None` if unknown. The program is returned when
-    /// this was its last stored response.
-    pub fn remove(&self, id: &str) -> Option<(Stored, Option<String>)> {
+    /// Deletes a response of `caller`; `None` if unknown (or another
+    /// tenant's). The program's engine key is returned when this was its
+    /// last stored response.
+    pub fn remove(&self, id: &str, caller: Caller) -> Option<(Stored, Option<String>)> {
         let mut inner = self.lock();
+        if inner.entries.get(id)?.stored.owner != caller {
+            return None;
+        }
         let e = inner.entries.remove(id)?;
-        let ended = unref(&mut inner, &e.stored.object.program_id);
+        let ended = unref(&mut inner, &e.stored.program_key());
         Some((e.stored, ended))
     }
 
@@ -124,16 +142,18 @@ impl ResponseStore {
             inner.order.pop_front();
             if let Some(e) = inner.entries.remove(&id) {
                 tracing::debug!(response = %id, "stored response evicted");
-                ended.extend(unref(inner, &e.stored.object.program_id));
+                ended.extend(unref(inner, &e.stored.program_key()));
             }
         }
         ended
     }
 
     /// Registers a running response; the returned notify fires on cancel.
-    pub fn start(&self, id: &str) -> Arc<Notify> {
+    pub fn start(&self, id: &str, owner: Caller) -> Arc<Notify> {
         let n = Arc::new(Notify::new());
-        self.lock().running.insert(id.to_string(), n.clone());
+        self.lock()
+            .running
+            .insert(id.to_string(), (owner, n.clone()));
         n
     }
 
@@ -141,15 +161,16 @@ impl ResponseStore {
         self.lock().running.remove(id);
     }
 
-    /// Cancels a running response; false when it is not running.
-    pub fn cancel(&self, id: &str) -> bool {
+    /// Cancels a running response of `caller`; false when it is not
+    /// running (or another tenant's).
+    pub fn cancel(&self, id: &str, caller: Caller) -> bool {
         match self.lock().running.get(id) {
-            Some(n) => {
+            Some((owner, n)) if *owner == caller => {
                 // `notify_one` keeps a permit if nobody waits yet.
                 n.notify_one();
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 }
@@ -176,7 +197,27 @@ mod tests {
             object: ResponseObject::started(id.into(), "m".into(), &req, program.into()),
             history: Arc::new(Vec::new()),
             turn: Arc::default(),
+            owner: Caller::default(),
         }
+    }
+
+    #[test]
+    fn another_tenants_response_does_not_exist() {
+        let keys = crate::ApiKeys::new(["a".to_string(), "b".to_string()]);
+        let (a, b) = (keys.caller("a").unwrap(), keys.caller("b").unwrap());
+        let s = ResponseStore::new(1, DEFAULT_TTL);
+        s.put(Stored {
+            owner: a,
+            ..stored("r", "p")
+        });
+        assert!(s.get("r", b).0.is_none());
+        assert!(s.remove("r", b).is_none());
+        let _n = s.start("r", a);
+        assert!(!s.cancel("r", b));
+        assert!(s.cancel("r", a));
+        assert!(s.get("r", a).0.is_some());
+        // Evicted by b's response: a's program ends under a's engine key.
+        assert_eq!(s.put(stored("r2", "p")), vec![a.program_key("p")]);
     }
 
     #[test]
@@ -186,22 +227,25 @@ mod tests {
         assert!(s.put(stored("b", "p")).is_empty());
         // "a" goes; "p" still has "b".
         assert!(s.put(stored("c", "q")).is_empty());
-        assert!(s.get("a").0.is_none());
+        assert!(s.get("a", Caller::default()).0.is_none());
         // "b" goes, and with it the last response of "p".
         assert_eq!(s.put(stored("d", "q")), vec!["p".to_string()]);
-        let (_, ended) = s.remove("c").unwrap();
+        let (_, ended) = s.remove("c", Caller::default()).unwrap();
         assert_eq!(ended, None);
-        assert_eq!(s.remove("d").unwrap().1.as_deref(), Some("q"));
-        assert!(s.remove("d").is_none());
+        assert_eq!(
+            s.remove("d", Caller::default()).unwrap().1.as_deref(),
+            Some("q")
+        );
+        assert!(s.remove("d", Caller::default()).is_none());
     }
 
     #[test]
     fn ttl_expires_responses() {
         let s = ResponseStore::new(10, Duration::from_millis(20));
         s.put(stored("a", "p"));
-        assert!(s.get("a").0.is_some());
+        assert!(s.get("a", Caller::default()).0.is_some());
         std::thread::sleep(Duration::from_millis(30));
-        let (got, ended) = s.get("a");
+        let (got, ended) = s.get("a", Caller::default());
         assert!(got.is_none());
         assert_eq!(ended, vec!["p".to_string()]);
     }
@@ -209,10 +253,10 @@ mod tests {
     #[test]
     fn cancel_reaches_a_running_response_only() {
         let s = ResponseStore::default();
-        assert!(!s.cancel("a"));
-        let _n = s.start("a");
-        assert!(s.cancel("a"));
+        assert!(!s.cancel("a", Caller::default()));
+        let _n = s.start("a", Caller::default());
+        assert!(s.cancel("a", Caller::default()));
         s.stop("a");
-        assert!(!s.cancel("a"));
+        assert!(!s.cancel("a", Caller::default()));
     }
 }

@@ -15,6 +15,7 @@ use crate::error::ApiError;
 use crate::responses::protocol::ResponsesRequest;
 use crate::responses::run::{drive, prepare, release_all};
 use crate::sse;
+use crate::tenant::Caller;
 
 pub async fn create(
     State(state): State<SharedState>,
@@ -54,7 +55,7 @@ pub async fn retrieve(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (found, ended) = state.responses.get(&id);
+    let (found, ended) = state.responses.get(&id, Caller::current());
     release_all(&state, ended);
     let stored = found.ok_or(ApiError::ResponseNotFound(id))?;
     Ok(Json(stored.object).into_response())
@@ -64,11 +65,12 @@ pub async fn delete(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    let caller = Caller::current();
     let (_, ended) = state
         .responses
-        .remove(&id)
+        .remove(&id, caller)
         .ok_or_else(|| ApiError::ResponseNotFound(id.clone()))?;
-    state.responses.cancel(&id);
+    state.responses.cancel(&id, caller);
     release_all(&state, ended.into_iter().collect());
     Ok(Json(
         json!({"id": id, "object": "response.deleted", "deleted": true}),
@@ -81,7 +83,8 @@ pub async fn cancel(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (found, _) = state.responses.get(&id);
+    let caller = Caller::current();
+    let (found, _) = state.responses.get(&id, caller);
     let stored = found.ok_or_else(|| ApiError::ResponseNotFound(id.clone()))?;
     if stored.object.status.is_final() {
         return Err(ApiError::invalid(
@@ -91,10 +94,10 @@ pub async fn cancel(
             ),
         ));
     }
-    state.responses.cancel(&id);
+    state.responses.cancel(&id, caller);
     // The generating task stores the cancelled object within a step.
     for _ in 0..200 {
-        let (found, _) = state.responses.get(&id);
+        let (found, _) = state.responses.get(&id, caller);
         match found {
             Some(s) if s.object.status.is_final() => return Ok(Json(s.object).into_response()),
             None => break,

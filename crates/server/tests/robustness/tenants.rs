@@ -99,3 +99,58 @@ fn a_tenant_sees_and_releases_only_its_own_programs() {
     assert_eq!(call(addr, "key-c", "GET", "/programs", None).status, 401);
     srv.stop();
 }
+
+/// A stored response belongs to the tenant that created it: another key
+/// cannot retrieve, delete, cancel or continue it (404, as for an unknown
+/// id), and deleting the chain releases the owner's program.
+#[test]
+fn a_tenants_responses_are_404_to_another() {
+    let srv = common::start_tweaked(
+        None,
+        common::test_config(),
+        agentd_tools::ToolsConfig::default(),
+        |s| s.api_keys = agentd_server::ApiKeys::new(["key-a".to_string(), "key-b".to_string()]),
+    );
+    let addr = srv.addr;
+    let create = |key: &str, previous: Option<&str>| {
+        let mut body = json!({"model": common::MODEL, "input": "hello", "max_output_tokens": 2});
+        if let Some(p) = previous {
+            body["previous_response_id"] = json!(p);
+        }
+        call(addr, key, "POST", "/v1/responses", Some(body))
+    };
+    let first = create("key-a", None);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let id = first.json()["id"].as_str().expect("id").to_string();
+    let path = format!("/v1/responses/{id}");
+    let cancel = format!("{path}/cancel");
+    for (method, p) in [("GET", &path), ("DELETE", &path), ("POST", &cancel)] {
+        let r = call(addr, "key-b", method, p, None);
+        assert_eq!(r.status, 404, "{method} {p}: {}", r.body);
+        assert_error_shape(&r, p);
+    }
+    let r = create("key-b", Some(&id));
+    assert_eq!(r.status, 404, "b continues a's chain: {}", r.body);
+    assert_error_shape(&r, "previous_response_id");
+    // Still a's, whole.
+    assert_eq!(call(addr, "key-a", "GET", &path, None).status, 200);
+    let second = create("key-a", Some(&id));
+    assert_eq!(second.status, 200, "{}", second.body);
+    let id2 = second.json()["id"].as_str().expect("id").to_string();
+    assert_eq!(ids(addr, "key-a").len(), 1, "the chain is one program");
+    for i in [&id, &id2] {
+        let r = call(addr, "key-a", "DELETE", &format!("/v1/responses/{i}"), None);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    // The chain left the store: its program (under a's engine key) ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !ids(addr, "key-a").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "chain program outlives its responses"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    crate::assert_settled_as(addr, Some("key-a"));
+    srv.stop();
+}
