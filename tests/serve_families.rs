@@ -69,3 +69,163 @@ fn serve_new_families_greedy_matches_transformers() {
         }
     }
 }
+
+/// A GLM-4.5 MoE checkpoint whose greedy output is `script` after the
+/// prompt's last token: every layer's output projections are zero (the
+/// residual stream stays the token's embedding), token `script[i]` embeds
+/// as the unit vector `i` and the head maps unit vector `i` to
+/// `script[i + 1]`, a bigram chain (so `script` must not repeat a token).
+fn scripted_glm45(dir: &std::path::Path, script: &[u32]) {
+    use candle_core::{DType, Device, Tensor};
+    let hidden = 32usize;
+    assert!(script.len() <= hidden, "script longer than the hidden size");
+    let card = json!({
+        "tokenizer": repo().join("models/qwen3"),
+        "config": {
+            "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+            "vocab_size": 151936, "hidden_size": hidden, "intermediate_size": 32,
+            "moe_intermediate_size": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+            "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+            "routed_scaling_factor": 1.0, "norm_topk_prob": true, "first_k_dense_replace": 1,
+            "use_qk_norm": false, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "partial_rotary_factor": 0.5,
+            "attention_bias": true, "max_position_embeddings": 4096, "rope_theta": 10000,
+            "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "float32",
+            "bos_token_id": 151643, "eos_token_id": 151645
+        }
+    });
+    let card_path = dir.join("card.json");
+    std::fs::write(&card_path, card.to_string()).unwrap();
+    let card = agentd_models::synth::ModelCard::from_file(&card_path).unwrap();
+    agentd_models::synth::write_random_model(&card.config, dir, 7, card.tokenizer_dir.as_deref())
+        .unwrap();
+    let file = dir.join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+    let vocab = 151936usize;
+    let (mut embed, mut head) = (vec![0f32; vocab * hidden], vec![0f32; vocab * hidden]);
+    for (i, pair) in script.windows(2).enumerate() {
+        embed[pair[0] as usize * hidden + i] = 1.0;
+        head[pair[1] as usize * hidden + i] = 10.0;
+    }
+    for (name, t) in tensors.iter_mut() {
+        if name.contains("o_proj") || name.contains("down_proj") {
+            *t = t.zeros_like().unwrap();
+        } else if name == "model.norm.weight" {
+            *t = t.ones_like().unwrap();
+        } else if name == "model.embed_tokens.weight" {
+            *t = Tensor::from_vec(embed.clone(), (vocab, hidden), &Device::Cpu).unwrap();
+        } else if name == "lm_head.weight" {
+            *t = Tensor::from_vec(head.clone(), (vocab, hidden), &Device::Cpu).unwrap();
+        }
+        assert_eq!(t.dtype(), DType::F32);
+    }
+    candle_core::safetensors::save(&tensors, &file).unwrap();
+}
+
+/// GLM-4.5's tool-call text, written by a GLM-4.5 MoE model over a real
+/// socket, comes back as OpenAI `tool_calls` (the family's default `glm45`
+/// parsers), whole and streamed.
+#[test]
+fn serve_glm45_tool_call_text_becomes_tool_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo().join("models/qwen3/tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let tok = agentd_models::Tokenizer::from_dir(dir.path()).unwrap();
+    let text = "<think>hm</think><tool_call>ping</tool_call>";
+    let mut script = vec![198]; // "\n": the generation prompt's last token
+    script.extend(tok.encode(text, false).unwrap());
+    script.push(151645); // <|im_end|>: EOS
+    let mut seen = std::collections::HashSet::new();
+    assert!(script.iter().all(|t| seen.insert(*t)), "{script:?} repeats");
+    scripted_glm45(dir.path(), &script);
+
+    let (_server, addr, _logs) = spawn_serve(
+        "serve-families-glm45-tools",
+        [dir.path().to_str().unwrap(), "--num-kv-blocks", "64"],
+    );
+    let mut body = json!({
+        "model": dir.path().file_name().unwrap().to_str().unwrap(),
+        "messages": [{"role": "user", "content": "ping?"}],
+        "tools": [{"type": "function", "function": {"name": "ping",
+            "parameters": {"type": "object", "properties": {}}}}],
+        "max_tokens": 16,
+        "temperature": 0.0,
+    });
+    let (status, text) = http(&addr, "POST", "/v1/chat/completions", Some(&body));
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["reasoning_content"], "hm", "{text}");
+    assert_eq!(msg["content"], Value::Null, "{text}");
+    assert_eq!(msg["tool_calls"][0]["function"]["name"], "ping", "{text}");
+    assert_eq!(
+        msg["tool_calls"][0]["function"]["arguments"], "{}",
+        "{text}"
+    );
+    assert_eq!(
+        msg["tool_calls"].as_array().map(Vec::len),
+        Some(1),
+        "{text}"
+    );
+
+    body["stream"] = json!(true);
+    let (status, sse) = http(&addr, "POST", "/v1/chat/completions", Some(&body));
+    assert_eq!(status, 200, "{sse}");
+    let (mut name, mut args, mut reasoning) = (String::new(), String::new(), String::new());
+    for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(chunk) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let delta = &chunk["choices"][0]["delta"];
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        assert!(delta["content"].as_str().unwrap_or("").is_empty(), "{sse}");
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            name.push_str(call["function"]["name"].as_str().unwrap_or(""));
+            args.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(
+        (reasoning.as_str(), name.as_str(), args.as_str()),
+        ("hm", "ping", "{}"),
+        "{sse}"
+    );
+}
+
+/// The GLM-4.5 MoE family gets vLLM's `glm45` parsers by default; an
+/// unknown parser name stops `agentd serve` before it loads anything,
+/// listing the valid names.
+#[test]
+fn serve_glm45_parsers_by_family_and_flag() {
+    let fixture = repo().join("tests/fixtures/golden/glm4moe-gqa2");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(f), dir.path().join(f)).unwrap();
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(repo().join("models/qwen3").join(f), dir.path().join(f)).unwrap();
+    }
+    let (_server, _addr, logs) = spawn_serve(
+        "serve-families-glm45-parsers",
+        [dir.path().to_str().unwrap(), "--num-kv-blocks", "64"],
+    );
+    let log: Vec<String> = logs.try_iter().collect();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("tool-call parser glm45, reasoning parser glm45")),
+        "family default not logged: {log:?}"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["serve", "--tool-call-parser", "nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("nope") && err.contains("hermes") && err.contains("glm45"),
+        "{err}"
+    );
+}

@@ -43,6 +43,14 @@ pub struct ServeArgs {
     /// checkpoints are converted at load); on CUDA `auto` is bfloat16.
     #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "f32", "bfloat16", "bf16", "float16", "half", "f16"])]
     pub dtype: String,
+    /// Tool-call output format by vLLM's parser name (default: the model
+    /// family's: `glm45` for GLM-4.5 MoE, else `hermes`).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(agentd_chat::TOOL_PARSER_NAMES))]
+    pub tool_call_parser: Option<String>,
+    /// Reasoning format by vLLM's parser name (default: the model family's:
+    /// `glm45` for GLM-4.5 MoE, else `qwen3`).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(agentd_chat::REASONING_PARSER_NAMES))]
+    pub reasoning_parser: Option<String>,
     /// CPU threads per replica (default: the cores split between replicas).
     #[arg(long)]
     pub threads_per_replica: Option<usize>,
@@ -273,6 +281,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None,
         args.tools.to_config(args.sched.program_lease_s)?,
     )?;
+    state.set_parsers(
+        args.tool_call_parser.as_deref(),
+        args.reasoning_parser.as_deref(),
+    )?;
+    tracing::info!(format = %state.output_format, "output parsers");
     state.api_keys = api_keys(&args.api_key, args.api_key_file.as_deref())?;
     state.connections = agentd_server::ConnectionLimits {
         header_read_timeout: Duration::try_from_secs_f64(args.header_read_timeout_s)

@@ -2,18 +2,25 @@
 //! message: reasoning first (tool calls inside reasoning are not calls),
 //! then tool calls from the rest.
 
+use crate::formats::OutputFormat;
+use crate::glm45::ToolSchemas;
 use crate::messages::{ChatMessage, FunctionCallParam, MessageContent, ToolCallParam};
 use crate::reasoning::{split_reasoning, ReasoningMode};
 use crate::tool_calls::{extract_tool_calls, ToolCall, ToolCallIds};
 use serde::{Deserialize, Serialize};
 
 /// How to interpret model output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OutputOptions {
     pub reasoning: ReasoningMode,
     /// Extract `<tool_call>` blocks (the request has tools and
     /// `tool_choice` is not `none`).
     pub tool_calls: bool,
+    /// The model's tool-call and reasoning formats.
+    pub format: OutputFormat,
+    /// The request's tools (GLM-4.5 calls are checked against their names
+    /// and their arguments typed by their schemas).
+    pub tools: ToolSchemas,
 }
 
 /// The parsed assistant message. Empty strings are `None`, as vLLM reports
@@ -28,7 +35,10 @@ pub struct ParsedOutput {
 }
 
 /// Parses a complete generation.
-pub fn parse_output(text: &str, opts: OutputOptions, ids: &mut ToolCallIds) -> ParsedOutput {
+pub fn parse_output(text: &str, opts: &OutputOptions, ids: &mut ToolCallIds) -> ParsedOutput {
+    if opts.format.is_glm() {
+        return crate::glm45::parse(text, opts, ids);
+    }
     let (reasoning_content, rest) = split_reasoning(text, opts.reasoning);
     let (content, tool_calls) = if opts.tool_calls {
         extract_tool_calls(rest, ids)

@@ -13,6 +13,7 @@
 //! - whitespace after a tool call waits to see whether more text (kept) or
 //!   another call / the end (dropped) follows.
 
+use crate::glm45::Glm45Stream;
 use crate::output::{OutputOptions, ParsedOutput};
 use crate::reasoning::{ReasoningMode, THINK_END, THINK_START};
 use crate::tool_calls::{
@@ -76,6 +77,8 @@ pub struct StreamParser {
     /// In a tool-call block: bytes of `buf` already known not to start
     /// `</tool_call>`.
     scanned: usize,
+    /// GLM-4.5 output has its own machine (`crate::glm45`).
+    glm: Option<Glm45Stream>,
 }
 
 impl StreamParser {
@@ -84,6 +87,10 @@ impl StreamParser {
             ReasoningMode::Enabled => Phase::ThinkStart,
             ReasoningMode::Disabled => Phase::Content,
         };
+        let glm = opts
+            .format
+            .is_glm()
+            .then(|| Glm45Stream::new(opts.clone(), ids.clone()));
         StreamParser {
             opts,
             ids,
@@ -93,11 +100,15 @@ impl StreamParser {
             after_call: false,
             calls: 0,
             scanned: 0,
+            glm,
         }
     }
 
     /// Feeds the next decoded text; returns the deltas it settles.
     pub fn push(&mut self, text: &str) -> Vec<ChatDelta> {
+        if let Some(glm) = &mut self.glm {
+            return glm.push(text);
+        }
         self.buf.push_str(text);
         let mut out = Vec::new();
         while self.step(&mut out, false) {}
@@ -106,6 +117,9 @@ impl StreamParser {
 
     /// Ends the generation: flushes everything held back.
     pub fn finish(&mut self) -> Vec<ChatDelta> {
+        if let Some(glm) = &mut self.glm {
+            return glm.finish();
+        }
         let mut out = Vec::new();
         // Each `true` either consumes input or moves to a later phase, so
         // this terminates.
@@ -216,37 +230,9 @@ impl StreamParser {
     fn finish_block(&mut self, out: &mut Vec<ChatDelta>, body: &str, closed: bool) {
         match parse_call_body(body) {
             Some((name, arguments)) => {
-                let ToolCall {
-                    id,
-                    kind,
-                    function: FunctionCall { name, arguments },
-                } = make_call(&mut self.ids, name, arguments);
-                let index = self.calls;
+                let call = make_call(&mut self.ids, name, arguments);
+                out.extend(call_deltas(self.calls, call));
                 self.calls += 1;
-                out.push(ChatDelta {
-                    tool_calls: vec![ToolCallDelta {
-                        index,
-                        id: Some(id),
-                        kind: Some(kind),
-                        function: FunctionDelta {
-                            name: Some(name),
-                            arguments: Some(String::new()),
-                        },
-                    }],
-                    ..ChatDelta::default()
-                });
-                out.push(ChatDelta {
-                    tool_calls: vec![ToolCallDelta {
-                        index,
-                        id: None,
-                        kind: None,
-                        function: FunctionDelta {
-                            name: None,
-                            arguments: Some(arguments),
-                        },
-                    }],
-                    ..ChatDelta::default()
-                });
                 self.after_call = true;
             }
             None => {
@@ -262,6 +248,32 @@ impl StreamParser {
         }
         self.pending_ws.clear();
     }
+}
+
+/// A finished call as two deltas: id, type and name (with empty arguments)
+/// first, then the arguments, as vLLM streams them.
+pub(crate) fn call_deltas(index: usize, call: ToolCall) -> [ChatDelta; 2] {
+    let ToolCall {
+        id,
+        kind,
+        function: FunctionCall { name, arguments },
+    } = call;
+    let piece = |id, kind, name, arguments| ChatDelta {
+        tool_calls: vec![ToolCallDelta {
+            index,
+            id,
+            kind,
+            function: FunctionDelta {
+                name,
+                arguments: Some(arguments),
+            },
+        }],
+        ..ChatDelta::default()
+    };
+    [
+        piece(Some(id), Some(kind), Some(name), String::new()),
+        piece(None, None, None, arguments),
+    ]
 }
 
 /// Length of the longest suffix of `buf` that is a proper prefix of `tag`
@@ -284,7 +296,7 @@ fn floor_char_boundary(s: &str, i: usize) -> usize {
     i
 }
 
-fn emit_reasoning(out: &mut Vec<ChatDelta>, text: String) {
+pub(crate) fn emit_reasoning(out: &mut Vec<ChatDelta>, text: String) {
     if text.is_empty() {
         return;
     }
@@ -301,7 +313,7 @@ fn emit_reasoning(out: &mut Vec<ChatDelta>, text: String) {
     }
 }
 
-fn emit_content(out: &mut Vec<ChatDelta>, text: String) {
+pub(crate) fn emit_content(out: &mut Vec<ChatDelta>, text: String) {
     if text.is_empty() {
         return;
     }

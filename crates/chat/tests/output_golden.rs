@@ -99,8 +99,9 @@ fn parses_like_vllm() {
         let opts = OutputOptions {
             reasoning: ReasoningMode::from_enable_thinking(Some(case.enable_thinking)),
             tool_calls: true,
+            ..OutputOptions::default()
         };
-        let whole = parse_output(&case.output, opts, &mut ToolCallIds::sequential("g"));
+        let whole = parse_output(&case.output, &opts, &mut ToolCallIds::sequential("g"));
         failures.extend(check(case, &whole, "whole"));
 
         let mut parser = StreamParser::new(opts, ToolCallIds::sequential("g"));

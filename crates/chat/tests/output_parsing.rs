@@ -8,9 +8,10 @@ fn parse(text: &str, reasoning: ReasoningMode, tool_calls: bool) -> ParsedOutput
     let mut ids = ToolCallIds::sequential("t");
     parse_output(
         text,
-        OutputOptions {
+        &OutputOptions {
             reasoning,
             tool_calls,
+            ..OutputOptions::default()
         },
         &mut ids,
     )

@@ -40,9 +40,10 @@ fn round_trip(output: &str, enable_thinking: Option<bool>, with_tools: bool) -> 
         .expect("renders");
     let parsed = parse_output(
         output,
-        OutputOptions {
+        &OutputOptions {
             reasoning: ReasoningMode::from_enable_thinking(enable_thinking),
             tool_calls: with_tools,
+            ..OutputOptions::default()
         },
         &mut ToolCallIds::sequential("r"),
     );

@@ -11,11 +11,12 @@ fn opts(reasoning: ReasoningMode, tool_calls: bool) -> OutputOptions {
     OutputOptions {
         reasoning,
         tool_calls,
+        ..OutputOptions::default()
     }
 }
 
 fn whole(text: &str, o: OutputOptions) -> ParsedOutput {
-    parse_output(text, o, &mut ToolCallIds::sequential("t"))
+    parse_output(text, &o, &mut ToolCallIds::sequential("t"))
 }
 
 /// Streams `chunks` and returns every delta plus the reassembled message.
@@ -40,7 +41,7 @@ fn content_of(deltas: &[ChatDelta]) -> Vec<&str> {
 #[test]
 fn partial_tool_tag_is_held_back() {
     let o = opts(ReasoningMode::Disabled, true);
-    let mut p = StreamParser::new(o, ToolCallIds::sequential("t"));
+    let mut p = StreamParser::new(o.clone(), ToolCallIds::sequential("t"));
     let first = p.push("Checking <tool_");
     assert_eq!(content_of(&first), vec!["Checking "]);
     let second = p.push("call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>");
@@ -79,7 +80,7 @@ fn partial_tool_tag_is_held_back() {
 #[test]
 fn lookalike_tag_is_released_as_content() {
     let o = opts(ReasoningMode::Disabled, true);
-    let mut p = StreamParser::new(o, ToolCallIds::sequential("t"));
+    let mut p = StreamParser::new(o.clone(), ToolCallIds::sequential("t"));
     assert!(p
         .push("a <tool")
         .iter()
@@ -106,7 +107,7 @@ fn think_tags_split_across_chunks() {
 #[test]
 fn reasoning_streams_before_it_closes() {
     let o = opts(ReasoningMode::Enabled, false);
-    let mut p = StreamParser::new(o, ToolCallIds::sequential("t"));
+    let mut p = StreamParser::new(o.clone(), ToolCallIds::sequential("t"));
     assert!(p.push("<think>").is_empty());
     let d = p.push("first thought </");
     assert_eq!(d.len(), 1);
@@ -124,8 +125,8 @@ fn character_by_character_matches_whole() {
         opts(ReasoningMode::Disabled, true),
         opts(ReasoningMode::Disabled, false),
     ] {
-        let (deltas, msg) = stream(&chunks, o);
-        assert_eq!(msg, whole(text, o), "{o:?}");
+        let (deltas, msg) = stream(&chunks, o.clone());
+        assert_eq!(msg, whole(text, o.clone()), "{o:?}");
         assert!(deltas.iter().all(
             |d| d.content.as_deref() != Some("") && d.reasoning_content.as_deref() != Some("")
         ));
@@ -191,7 +192,7 @@ proptest! {
         let o = opts(reasoning, tool_calls);
         let chunks = chunk_at(&text, &cuts);
         let refs: Vec<&str> = chunks.iter().map(String::as_str).collect();
-        let (deltas, msg) = stream(&refs, o);
+        let (deltas, msg) = stream(&refs, o.clone());
         prop_assert_eq!(msg, whole(&text, o));
         for d in &deltas {
             prop_assert!(d.content.as_deref() != Some(""));
@@ -213,7 +214,7 @@ fn large_tool_call_in_tiny_deltas_is_linear() {
         "<tool_call>{{\"name\": \"write_file\", \"arguments\": {{\"content\": \"{payload}\"}}}}</tool_call>"
     );
     let o = opts(ReasoningMode::Disabled, true);
-    let mut p = StreamParser::new(o, ToolCallIds::sequential("t"));
+    let mut p = StreamParser::new(o.clone(), ToolCallIds::sequential("t"));
     let start = std::time::Instant::now();
     let mut deltas = Vec::new();
     let bytes = text.as_bytes();

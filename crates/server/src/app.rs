@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agentd_chat::ChatTemplate;
+use agentd_chat::{ChatTemplate, OutputFormat, UnknownParser};
 use agentd_engine::{Engine, ProgramEnded};
 use agentd_models::Tokenizer;
 use agentd_tools::{Tools, ToolsConfig};
@@ -29,6 +29,16 @@ use crate::responses::store::ResponseStore;
 use crate::routes;
 use crate::tenant::ApiKeys;
 use crate::tombstone::Tombstones;
+
+/// `model_type` of `dir/config.json`; empty when unreadable (the model
+/// loader, which runs first, reports a broken config itself).
+fn read_model_type(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("model_type")?.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
 
 /// How long a shutdown with `--reclaim-on-exit` waits for the reclaims.
 const RECLAIM_ON_EXIT_WAIT: Duration = Duration::from_secs(60);
@@ -60,6 +70,11 @@ pub struct AppState {
     pub released: Tombstones,
     /// Timeouts and the connection cap of [`serve`].
     pub connections: ConnectionLimits,
+    /// How generations are split into reasoning, content and tool calls:
+    /// the model family's format unless [`AppState::set_parsers`] overrides.
+    pub output_format: OutputFormat,
+    /// `config.json` `model_type` (empty when absent).
+    model_type: String,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -129,6 +144,7 @@ impl AppState {
             );
             None
         };
+        let model_type = read_model_type(model_dir);
         let max_model_len = engine.max_model_len();
         let tools = Arc::new(Tools::new(tools)?);
         let ended = Mutex::new(Some(engine.subscribe_ended()));
@@ -146,7 +162,20 @@ impl AppState {
             next_id: AtomicU64::new(0),
             released: Tombstones::default(),
             connections: ConnectionLimits::default(),
+            output_format: OutputFormat::for_model_type(&model_type),
+            model_type,
         })
+    }
+
+    /// Chooses the output parsers by vLLM's names (`--tool-call-parser`,
+    /// `--reasoning-parser`); `None` keeps the family's.
+    pub fn set_parsers(
+        &mut self,
+        tool: Option<&str>,
+        reasoning: Option<&str>,
+    ) -> Result<(), UnknownParser> {
+        self.output_format = OutputFormat::resolve(&self.model_type, tool, reasoning)?;
+        Ok(())
     }
 
     /// Declares a request's `tool_resources` for its program. Called before

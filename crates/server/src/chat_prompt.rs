@@ -1,7 +1,7 @@
 //! Messages + tools → prompt tokens and how to read the output: the one
 //! chat-template path shared by `/v1/chat/completions` and `/v1/responses`.
 
-use agentd_chat::{ChatMessage, OutputOptions, ReasoningMode, RenderOptions};
+use agentd_chat::{ChatMessage, OutputOptions, ReasoningMode, RenderOptions, ToolSchemas};
 use serde_json::{Map, Value as Json};
 
 use crate::app::AppState;
@@ -71,6 +71,8 @@ pub fn render_text(
     let output = OutputOptions {
         reasoning: ReasoningMode::from_enable_thinking(opts.enable_thinking()),
         tool_calls: parse_tools,
+        format: state.output_format,
+        tools: ToolSchemas::from_tools(tools.unwrap_or_default()),
     };
     Ok((text, output))
 }

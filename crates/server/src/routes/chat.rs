@@ -89,7 +89,7 @@ pub async fn handle(
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {
-        let parsed = parse_output(&d.text, output, &mut ToolCallIds::Random);
+        let parsed = parse_output(&d.text, &output, &mut ToolCallIds::Random);
         let reason = finish_reason(d.reason, !parsed.tool_calls.is_empty());
         usages.push((first, d.usage));
         out.push(ChatChoice {
@@ -260,7 +260,7 @@ fn stream_response(
                 gen: c.gen,
                 index: c.index,
                 first_of_prompt: c.first_of_prompt,
-                parser: StreamParser::new(output, ToolCallIds::Random),
+                parser: StreamParser::new(output.clone(), ToolCallIds::Random),
                 meta: meta.clone(),
                 include_usage,
                 logprobs,
