@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::common::{self, Resp};
+use crate::tenants::two_tenants;
 use crate::{assert_error_shape, assert_settled, assert_settled_as};
 
 /// 63 prompt tokens: 3 full blocks of 16 can be cached (the last token is
@@ -21,15 +22,6 @@ fn call(addr: std::net::SocketAddr, key: &str, path: &str, body: &Value) -> Resp
         path,
         &[("Authorization", &auth)],
         Some(&body.to_string()),
-    )
-}
-
-fn two_tenants() -> common::Server {
-    common::start_tweaked(
-        None,
-        common::test_config(),
-        agentd_tools::ToolsConfig::default(),
-        |s| s.api_keys = agentd_server::ApiKeys::new(["key-a".to_string(), "key-b".to_string()]),
     )
 }
 

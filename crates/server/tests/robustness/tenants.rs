@@ -25,6 +25,16 @@ fn call(
     )
 }
 
+/// A server with two API keys, `key-a` and `key-b`: two tenants.
+pub fn two_tenants() -> common::Server {
+    common::start_tweaked(
+        None,
+        common::test_config(),
+        agentd_tools::ToolsConfig::default(),
+        |s| s.api_keys = agentd_server::ApiKeys::new(["key-a".to_string(), "key-b".to_string()]),
+    )
+}
+
 fn ids(addr: std::net::SocketAddr, key: &str) -> Vec<String> {
     let r = call(addr, key, "GET", "/programs", None);
     assert_eq!(r.status, 200, "{}", r.body);
@@ -38,12 +48,7 @@ fn ids(addr: std::net::SocketAddr, key: &str) -> Vec<String> {
 
 #[test]
 fn a_tenant_sees_and_releases_only_its_own_programs() {
-    let srv = common::start_tweaked(
-        None,
-        common::test_config(),
-        agentd_tools::ToolsConfig::default(),
-        |s| s.api_keys = agentd_server::ApiKeys::new(["key-a".to_string(), "key-b".to_string()]),
-    );
+    let srv = two_tenants();
     let addr = srv.addr;
     let turn = |key: &str, id: &str| {
         let r = call(
@@ -105,12 +110,7 @@ fn a_tenant_sees_and_releases_only_its_own_programs() {
 /// id), and deleting the chain releases the owner's program.
 #[test]
 fn a_tenants_responses_are_404_to_another() {
-    let srv = common::start_tweaked(
-        None,
-        common::test_config(),
-        agentd_tools::ToolsConfig::default(),
-        |s| s.api_keys = agentd_server::ApiKeys::new(["key-a".to_string(), "key-b".to_string()]),
-    );
+    let srv = two_tenants();
     let addr = srv.addr;
     let create = |key: &str, previous: Option<&str>| {
         let mut body = json!({"model": common::MODEL, "input": "hello", "max_output_tokens": 2});
