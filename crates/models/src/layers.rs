@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use candle_core::{Storage, Tensor};
+use candle_core::{DType, Storage, Tensor};
 use rayon::prelude::*;
 
 use crate::config::{ModelConfig, RopeScaling};
@@ -48,9 +48,14 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// `weight` must be an f32 `[out, in]` tensor (as the loader gives).
+    /// `weight`: an `[out, in]` tensor, f32 or bf16 (kept as bf16 and
+    /// widened by the kernels); other dtypes are converted to f32.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
         let (out_dim, in_dim) = weight.dims2()?;
+        let weight = match weight.dtype() {
+            DType::F32 | DType::BF16 => weight,
+            _ => weight.to_dtype(DType::F32)?,
+        };
         let bias = match bias {
             Some(b) => Some(b.flatten_all()?.to_vec1::<f32>()?),
             None => None,
@@ -77,7 +82,14 @@ impl Linear {
             )));
         }
         let t = x.len() / k;
-        let mut y = if use_own_matmul(t) {
+        let mut y = if self.weight.dtype() == DType::BF16 {
+            // Always the own kernels: candle's gemm would want f32 weights.
+            let mut out = vec![0f32; t * self.out_dim];
+            with_bf16(&self.weight, |w| {
+                matmul_xwt(x, t, w, self.out_dim, k, &mut out)
+            })?;
+            out
+        } else if use_own_matmul(t) {
             let mut out = vec![0f32; t * self.out_dim];
             with_f32(&self.weight, |w| {
                 matmul_xwt(x, t, w, self.out_dim, k, &mut out)
@@ -106,6 +118,39 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
         Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<f32>()?[start..end])),
         _ => Err(ModelError::Batch("expected a CPU tensor".into())),
     }
+}
+
+/// Runs `f` on the bf16 contents of a contiguous CPU tensor, without copying.
+pub fn with_bf16<R>(t: &Tensor, f: impl FnOnce(&[half::bf16]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        return Err(ModelError::Batch("expected a contiguous tensor".into()));
+    };
+    match &*storage {
+        Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<half::bf16>()?[start..end])),
+        _ => Err(ModelError::Batch("expected a CPU tensor".into())),
+    }
+}
+
+/// Appends rows `ids` of the `[rows, width]` matrix `table` (f32 or bf16)
+/// to a new f32 buffer: the embedding lookup.
+pub fn gather_rows(table: &Tensor, ids: &[u32], width: usize) -> Result<Vec<f32>> {
+    let mut x = Vec::with_capacity(ids.len() * width);
+    if table.dtype() == DType::BF16 {
+        with_bf16(table, |e| {
+            for &id in ids {
+                let row = &e[id as usize * width..(id as usize + 1) * width];
+                x.extend(row.iter().map(|v| crate::matmul::WeightElem::to_f32(*v)));
+            }
+        })?;
+    } else {
+        with_f32(table, |e| {
+            for &id in ids {
+                x.extend_from_slice(&e[id as usize * width..(id as usize + 1) * width]);
+            }
+        })?;
+    }
+    Ok(x)
 }
 
 /// RMSNorm of each `weight.len()`-wide row of `x` (as transformers: f32,
@@ -264,7 +309,7 @@ pub fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>> {
 
 /// Loads `{name}.weight` `[out, inp]` (and `{name}.bias` `[out]` when `bias`).
 pub fn linear(w: &Weights, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-    let weight = w.get(&format!("{name}.weight"), &[out, inp])?;
+    let weight = w.get_matrix(&format!("{name}.weight"), &[out, inp])?;
     let bias = if bias {
         Some(w.get(&format!("{name}.bias"), &[out])?)
     } else {

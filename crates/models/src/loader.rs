@@ -23,6 +23,8 @@ pub struct Weights {
     file_of: HashMap<String, PathBuf>,
     files: Vec<PathBuf>,
     device: Device,
+    /// Matrices stored in bf16 stay bf16 ([`Weights::get_matrix`]).
+    keep_bf16: bool,
 }
 
 impl Weights {
@@ -72,7 +74,21 @@ impl Weights {
             file_of,
             files,
             device: device.clone(),
+            keep_bf16: false,
         })
+    }
+
+    /// Keeps bf16 matrices in bf16 (the CPU kernels widen them on the fly):
+    /// half the memory of an f32 copy, and no f32 copy of the model at load.
+    pub fn keep_bf16(mut self, on: bool) -> Self {
+        self.keep_bf16 = on;
+        self
+    }
+
+    /// Loads the weight matrix `name`: bf16 as stored when
+    /// [`Weights::keep_bf16`] is on, else (and for f16/f32) f32.
+    pub fn get_matrix(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.load(name, shape, self.keep_bf16)
     }
 
     pub fn files(&self) -> &[PathBuf] {
@@ -85,6 +101,10 @@ impl Weights {
 
     /// Loads `name`, checking its shape, as a contiguous f32 tensor.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.load(name, shape, false)
+    }
+
+    fn load(&self, name: &str, shape: &[usize], keep_bf16: bool) -> Result<Tensor> {
         let file = self
             .file_of
             .get(name)
@@ -124,6 +144,9 @@ impl Weights {
             path: file.clone(),
             reason: format!("tensor `{name}`: {e}"),
         })?;
+        if keep_bf16 && t.dtype() == DType::BF16 {
+            return Ok(t.contiguous()?);
+        }
         Ok(t.to_dtype(DType::F32)?.contiguous()?)
     }
 }

@@ -26,7 +26,7 @@ impl Mlp {
 
     /// `{p}.gate_up_proj` (fused) and `{p}.down_proj`.
     pub fn load_fused(w: &Weights, p: &str, hidden: usize, inter: usize) -> Result<Self> {
-        let fused = w.get(&format!("{p}.gate_up_proj.weight"), &[2 * inter, hidden])?;
+        let fused = w.get_matrix(&format!("{p}.gate_up_proj.weight"), &[2 * inter, hidden])?;
         Ok(Mlp {
             gate_proj: Linear::new(fused.narrow(0, 0, inter)?.contiguous()?, None)?,
             up_proj: Linear::new(fused.narrow(0, inter, inter)?.contiguous()?, None)?,

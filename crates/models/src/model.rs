@@ -16,7 +16,7 @@ use crate::attention::{KvCacheConfig, PagedKvCache};
 use crate::batch::BatchInput;
 use crate::config::{Family, ModelConfig};
 use crate::error::Result;
-use crate::layers::{inv_freq, norm_weight, rms_norm, with_f32, Linear, RopeBatch};
+use crate::layers::{gather_rows, inv_freq, norm_weight, rms_norm, Linear, RopeBatch};
 use crate::loader::Weights;
 use crate::self_attn::StepCtx;
 use crate::{glm4, glm4_moe, qwen3, qwen3_moe};
@@ -46,19 +46,37 @@ pub type Qwen3Model = Model;
 impl Model {
     /// Loads a Hugging Face directory (`config.json` + safetensors).
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, false)
+    }
+
+    /// [`Model::load`]; with `keep_bf16`, bf16 weight matrices stay bf16 in
+    /// memory (norms and biases are f32 either way), and the products widen
+    /// them on the fly: the same logits as the f32 load of the same file.
+    pub fn load_with(dir: &Path, keep_bf16: bool) -> Result<Self> {
         let cfg = ModelConfig::from_dir(dir)?;
         let device = Device::Cpu;
-        let weights = Weights::from_dir(dir, &device)?;
+        let weights = Weights::from_dir(dir, &device)?.keep_bf16(keep_bf16);
         Self::from_weights(cfg, &weights)
     }
 
     pub fn from_weights(cfg: ModelConfig, w: &Weights) -> Result<Self> {
         let (hid, vocab) = (cfg.hidden_size, cfg.vocab_size);
-        let embed_tokens = w.get("model.embed_tokens.weight", &[vocab, hid])?;
+        let embed_tokens = w.get_matrix("model.embed_tokens.weight", &[vocab, hid])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         // Only layers 0..num_hidden_layers: GLM-4.5's MTP layers
         // (`num_nextn_predict_layers`) follow them and are not loaded.
-        for i in 0..cfg.num_hidden_layers {
+        let n = cfg.num_hidden_layers;
+        let started = std::time::Instant::now();
+        for i in 0..n {
+            // A progress line on stderr (tracing) every ~10% of the layers:
+            // a 46-layer checkpoint takes minutes to page in.
+            if i > 0 && i % n.div_ceil(10) == 0 {
+                tracing::info!(
+                    layers = format!("{i}/{n}"),
+                    elapsed_s = started.elapsed().as_secs(),
+                    "loading weights"
+                );
+            }
             tracing::debug!(layer = i, family = %cfg.family, "loading decoder layer");
             let p = format!("model.layers.{i}");
             layers.push(match cfg.family {
@@ -74,7 +92,7 @@ impl Model {
         let lm_head = if cfg.tie_word_embeddings {
             Linear::new(embed_tokens.clone(), None)?
         } else {
-            Linear::new(w.get("lm_head.weight", &[vocab, hid])?, None)?
+            Linear::new(w.get_matrix("lm_head.weight", &[vocab, hid])?, None)?
         };
         Ok(Model {
             inv_freq: inv_freq(&cfg),
@@ -113,14 +131,7 @@ impl Model {
         let eps = self.cfg.rms_norm_eps as f32;
         let hid = self.cfg.hidden_size;
         // Hidden states `[T, hidden]`, starting from the embedding rows.
-        let mut x = with_f32(&self.embed_tokens, |e| {
-            let mut x = Vec::with_capacity(batch.num_tokens() * hid);
-            for &id in &batch.token_ids {
-                let id = id as usize;
-                x.extend_from_slice(&e[id * hid..(id + 1) * hid]);
-            }
-            x
-        })?;
+        let mut x = gather_rows(&self.embed_tokens, &batch.token_ids, hid)?;
         let rope = RopeBatch::new(&self.inv_freq, &batch.positions);
         for (i, layer) in self.layers.iter().enumerate() {
             let mut ctx = StepCtx {

@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::OutPtr;
+use super::{OutPtr, WeightElem};
 
 /// Weight rows per rayon task (a multiple of every MR below, so only the
 /// last task of a product has a ragged tile).
@@ -36,7 +36,7 @@ const BLOCK_ROWS: usize = 64;
 /// AVX-512F must be available; `x` has `t` rows and `w` has `n` rows of `k`
 /// floats; `out` holds `t * n` floats that nothing else touches meanwhile.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn matmul(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: OutPtr) {
+pub unsafe fn matmul<W: WeightElem>(x: &[f32], t: usize, w: &[W], n: usize, k: usize, out: OutPtr) {
     let xt = transpose_blocks(&x[..t * k], t, k);
     let xt = &xt;
     (0..n.div_ceil(ROWS_PER_TASK))
@@ -55,10 +55,10 @@ pub unsafe fn matmul(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: Ou
                 // SAFETY: as the caller's; this task owns columns `rows` of out.
                 unsafe {
                     match tb.div_ceil(16) {
-                        1 => tiles::<12, 1>(&blk, w, n, k, rows, out),
-                        2 => tiles::<12, 2>(&blk, w, n, k, rows, out),
-                        3 => tiles::<8, 3>(&blk, w, n, k, rows, out),
-                        _ => tiles::<6, 4>(&blk, w, n, k, rows, out),
+                        1 => tiles::<W, 12, 1>(&blk, w, n, k, rows, out),
+                        2 => tiles::<W, 12, 2>(&blk, w, n, k, rows, out),
+                        3 => tiles::<W, 8, 3>(&blk, w, n, k, rows, out),
+                        _ => tiles::<W, 6, 4>(&blk, w, n, k, rows, out),
                     }
                 }
                 t0 += tb;
@@ -95,9 +95,9 @@ fn transpose_blocks(x: &[f32], t: usize, k: usize) -> Vec<f32> {
 /// A task's weight rows against one activation block, MR rows at a time.
 /// A ragged last tile repeats its last valid weight row (results dropped).
 #[target_feature(enable = "avx512f")]
-unsafe fn tiles<const MR: usize, const NV: usize>(
+unsafe fn tiles<W: WeightElem, const MR: usize, const NV: usize>(
     blk: &Block<'_>,
-    w: &[f32],
+    w: &[W],
     n: usize,
     k: usize,
     (r0, r1): (usize, usize),
@@ -107,8 +107,8 @@ unsafe fn tiles<const MR: usize, const NV: usize>(
     let mut r = r0;
     while r < r1 {
         let rr = (r1 - r).min(MR);
-        let wp: [*const f32; MR] = std::array::from_fn(|i| w.as_ptr().add((r + i.min(rr - 1)) * k));
-        let acc = tile::<MR, NV>(blk.xt.as_ptr(), tp, wp, k);
+        let wp: [*const W; MR] = std::array::from_fn(|i| w.as_ptr().add((r + i.min(rr - 1)) * k));
+        let acc = tile::<W, MR, NV>(blk.xt.as_ptr(), tp, wp, k);
         let mut lanes = [0f32; 16];
         for ri in 0..rr {
             for v in 0..NV {
@@ -128,10 +128,10 @@ unsafe fn tiles<const MR: usize, const NV: usize>(
 /// MR weight rows × NV·16 activation rows over the whole reduction.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn tile<const MR: usize, const NV: usize>(
+unsafe fn tile<W: WeightElem, const MR: usize, const NV: usize>(
     xt: *const f32,
     tp: usize,
-    w: [*const f32; MR],
+    w: [*const W; MR],
     k: usize,
 ) -> [[__m512; NV]; MR] {
     let mut acc = [[_mm512_setzero_ps(); NV]; MR];
@@ -141,7 +141,8 @@ unsafe fn tile<const MR: usize, const NV: usize>(
             xv[v] = _mm512_loadu_ps(xt.add(i * tp + 16 * v));
         }
         for r in 0..MR {
-            let b = _mm512_set1_ps(*w[r].add(i));
+            // bf16 → f32 is a shift (exact); same FMA chain either way.
+            let b = _mm512_set1_ps((*w[r].add(i)).to_f32());
             for v in 0..NV {
                 acc[r][v] = _mm512_fmadd_ps(b, xv[v], acc[r][v]);
             }

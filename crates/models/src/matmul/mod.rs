@@ -23,6 +23,12 @@
 //! request diverged (`crates/server/tests/choices.rs`).
 //!
 //! Without AVX-512 it falls back to `simd::dot_rows` (AVX2 or portable).
+//!
+//! **Stored dtype:** `W` may be f32 or bf16 ([`WeightElem`]). bf16 weights
+//! are widened as they are loaded (a 16-bit shift: exact), and the FMA
+//! chains are the same, so a bf16 product equals the f32 product of the
+//! same bf16-rounded weights bit for bit, and stays batch-invariant, while
+//! the weights take half the memory and half the bandwidth.
 
 use rayon::prelude::*;
 
@@ -40,6 +46,30 @@ const ROWS_PER_TASK: usize = 32;
 /// Activation rows per pass over a task's weight rows (bounds the x working set).
 const X_ROWS_PER_PASS: usize = 64;
 
+/// A weight element the kernels read: f32, or bf16 widened on the fly.
+pub trait WeightElem: Copy + Send + Sync + 'static {
+    /// Whether the element is bf16 (the kernels pick their load by it; the
+    /// branch is resolved at compile time).
+    const BF16: bool;
+    fn to_f32(self) -> f32;
+}
+
+impl WeightElem for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl WeightElem for half::bf16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint column ranges of `out` (see `matmul_xwt`).
@@ -50,7 +80,14 @@ unsafe impl Sync for OutPtr {}
 ///
 /// Panics if the slices are shorter than the shapes say (callers pass tensors
 /// whose shapes were checked).
-pub fn matmul_xwt(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+pub fn matmul_xwt<W: WeightElem>(
+    x: &[f32],
+    t: usize,
+    w: &[W],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+) {
     assert!(x.len() >= t * k && w.len() >= n * k && out.len() >= t * n);
     let out_ptr = OutPtr(out.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
@@ -99,9 +136,9 @@ fn row_tasks(t: usize, n: usize, block: impl Fn((usize, usize), (usize, usize)) 
         });
 }
 
-fn portable_block(
+fn portable_block<W: WeightElem>(
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     k: usize,
     n: usize,
     (r0, r1): (usize, usize),
@@ -110,8 +147,17 @@ fn portable_block(
 ) {
     let xs = &x[t0 * k..t1 * k];
     let mut col = vec![0f32; t1 - t0];
+    let mut wide = if W::BF16 { vec![0f32; k] } else { Vec::new() };
     for r in r0..r1 {
-        simd::dot_rows(xs, &w[r * k..(r + 1) * k], &mut col);
+        let row = &w[r * k..(r + 1) * k];
+        let row: &[f32] = if W::BF16 {
+            wide.iter_mut().zip(row).for_each(|(d, s)| *d = s.to_f32());
+            &wide
+        } else {
+            // SAFETY: W is f32 when BF16 is false (the only other impl).
+            unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<f32>(), k) }
+        };
+        simd::dot_rows(xs, row, &mut col);
         for (i, v) in col.iter().enumerate() {
             // SAFETY: (t0 + i, r) is inside `out` and column r belongs to this task.
             unsafe { *out.0.add((t0 + i) * n + r) = *v };
@@ -154,6 +200,44 @@ mod tests {
                     alone == four[row * n..(row + 1) * n],
                     "row {row}: alone vs 4"
                 );
+            }
+        }
+    }
+
+    fn bf16_of(v: &[f32]) -> (Vec<half::bf16>, Vec<f32>) {
+        let b: Vec<half::bf16> = v.iter().map(|x| half::bf16::from_f32(*x)).collect();
+        let f = b.iter().map(|x| x.to_f32()).collect();
+        (b, f)
+    }
+
+    /// bf16 weights give bit for bit the f32 product of the same rounded
+    /// weights, for every kernel (T = 1..4 small, 5+ broadcast) and the
+    /// portable path, and their rows are batch-invariant.
+    #[test]
+    fn bf16_weights_equal_f32_of_rounded_weights() {
+        let (n, k) = (70, 45);
+        let x: Vec<f32> = (0..9 * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        let (wb, wf) = bf16_of(&w);
+        for t in [1, 2, 4, 5, 9] {
+            let mut a = vec![f32::NAN; t * n];
+            let mut b = vec![f32::NAN; t * n];
+            matmul_xwt(&x[..t * k], t, &wb, n, k, &mut a);
+            matmul_xwt(&x[..t * k], t, &wf, n, k, &mut b);
+            assert!(a == b, "t={t}: bf16 vs f32 of rounded weights");
+            let mut p = vec![f32::NAN; t * n];
+            let mut q = vec![f32::NAN; t * n];
+            portable_block(&x, &wb, k, n, (0, n), (0, t), OutPtr(p.as_mut_ptr()));
+            portable_block(&x, &wf, k, n, (0, n), (0, t), OutPtr(q.as_mut_ptr()));
+            assert!(p == q, "t={t}: portable bf16 vs f32");
+        }
+        if has_avx512() {
+            let mut all = vec![f32::NAN; 9 * n];
+            matmul_xwt(&x, 9, &wb, n, k, &mut all);
+            for row in 0..9 {
+                let mut alone = vec![f32::NAN; n];
+                matmul_xwt(&x[row * k..(row + 1) * k], 1, &wb, n, k, &mut alone);
+                assert!(alone == all[row * n..(row + 1) * n], "bf16 row {row}");
             }
         }
     }

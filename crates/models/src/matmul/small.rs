@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::OutPtr;
+use super::{OutPtr, WeightElem};
 
 /// Weight rows per rayon task: two passes of 32.
 const ROWS_PER_TASK: usize = 64;
@@ -31,7 +31,7 @@ const PASS_ROWS: usize = 32;
 /// AVX-512F must be available; `x` has `t` rows and `w` has `n` rows of `k`
 /// floats; `out` holds `t * n` floats that nothing else touches meanwhile.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn matmul(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: OutPtr) {
+pub unsafe fn matmul<W: WeightElem>(x: &[f32], t: usize, w: &[W], n: usize, k: usize, out: OutPtr) {
     (0..n.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
         .for_each(move |task| {
@@ -39,19 +39,19 @@ pub unsafe fn matmul(x: &[f32], t: usize, w: &[f32], n: usize, k: usize, out: Ou
             // SAFETY: as the caller's; this task owns columns `rows` of out.
             unsafe {
                 match t {
-                    1 => passes::<1>(x, w, n, k, rows, out),
-                    2 => passes::<2>(x, w, n, k, rows, out),
-                    3 => passes::<3>(x, w, n, k, rows, out),
-                    _ => passes::<4>(x, w, n, k, rows, out),
+                    1 => passes::<W, 1>(x, w, n, k, rows, out),
+                    2 => passes::<W, 2>(x, w, n, k, rows, out),
+                    3 => passes::<W, 3>(x, w, n, k, rows, out),
+                    _ => passes::<W, 4>(x, w, n, k, rows, out),
                 }
             }
         });
 }
 
 #[target_feature(enable = "avx512f")]
-unsafe fn passes<const T: usize>(
+unsafe fn passes<W: WeightElem, const T: usize>(
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     n: usize,
     k: usize,
     (r0, r1): (usize, usize),
@@ -73,7 +73,7 @@ unsafe fn passes<const T: usize>(
             let mut tile = [[_mm512_setzero_ps(); 16]; 2];
             for g in 0..2 {
                 for j in 0..16 {
-                    tile[g][j] = _mm512_maskz_loadu_ps(mask, wp[16 * g + j].add(k0));
+                    tile[g][j] = load16(wp[16 * g + j].add(k0), kc, mask);
                 }
                 transpose16(&mut tile[g]);
             }
@@ -98,6 +98,24 @@ unsafe fn passes<const T: usize>(
         }
         r += PASS_ROWS;
     }
+}
+
+/// `kc <= 16` weights from `p` widened to f32, zero lanes past `kc`. bf16
+/// lanes are zero-extended to 32 bits and shifted up: exact.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16<W: WeightElem>(p: *const W, kc: usize, mask: __mmask16) -> __m512 {
+    if !W::BF16 {
+        return _mm512_maskz_loadu_ps(mask, p.cast::<f32>());
+    }
+    let bits = if kc == 16 {
+        _mm256_loadu_si256(p.cast::<__m256i>())
+    } else {
+        let mut tail = [0u16; 16];
+        std::ptr::copy_nonoverlapping(p.cast::<u16>(), tail.as_mut_ptr(), kc);
+        _mm256_loadu_si256(tail.as_ptr().cast::<__m256i>())
+    };
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
 }
 
 /// In-register transpose: row j lane i → row i lane j.
