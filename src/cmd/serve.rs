@@ -39,8 +39,10 @@ pub struct ServeArgs {
     /// replica; needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
-    /// Weight/compute dtype. The CPU runtime computes in float32 (bf16/f16
-    /// checkpoints are converted at load); on CUDA `auto` is bfloat16.
+    /// Weight dtype. On the CPU, `auto`/`bfloat16` keep bf16 weights in bf16
+    /// (products widen them on the fly and accumulate in f32; f16 and f32
+    /// checkpoints load as f32), `float32` widens everything at load; on
+    /// CUDA `auto` is bfloat16.
     #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "f32", "bfloat16", "bf16", "float16", "half", "f16"])]
     pub dtype: String,
     /// Tool-call output format by vLLM's parser name (default: the model
@@ -265,12 +267,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let engine = match args.device.as_str() {
         "cuda" => super::device::start_cuda(&model_dir, cfg, &args.dtype)?,
         _ => {
-            anyhow::ensure!(
-                matches!(args.dtype.as_str(), "auto" | "float32" | "float" | "f32"),
-                "--dtype {} needs --device cuda (the CPU runtime computes in float32)",
-                args.dtype
-            );
-            Engine::start(&model_dir, cfg)
+            // auto / bfloat16: bf16 matrices stay bf16 (the kernels widen
+            // them); float32: everything widened at load.
+            let keep_bf16 = match args.dtype.as_str() {
+                "auto" | "bfloat16" | "bf16" => true,
+                "float32" | "float" | "f32" => false,
+                other => bail!(
+                    "--dtype {other} cannot run on the CPU (no float16 kernels): use auto, bfloat16 or float32"
+                ),
+            };
+            tracing::info!(dir = %model_dir.display(), keep_bf16, "loading model");
+            let model = agentd_models::Model::load_with(&model_dir, keep_bf16)
+                .with_context(|| format!("loading the model in {}", model_dir.display()))?;
+            Engine::with_model(Arc::new(model), cfg)
                 .with_context(|| format!("starting the engine on {}", model_dir.display()))?
         }
     };
