@@ -37,9 +37,9 @@ impl Cgroups {
         let base = cgroup2_mount().and_then(|mount| {
             let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
             let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-            let dir = mount
-                .join(rel.trim_start_matches('/'))
-                .join(format!("agentd-{}", std::process::id()));
+            let parent = mount.join(rel.trim_start_matches('/'));
+            sweep_stale(&parent);
+            let dir = parent.join(format!("agentd-{}", std::process::id()));
             match std::fs::create_dir_all(&dir) {
                 Ok(()) => Some(dir),
                 Err(e) => {
@@ -88,6 +88,41 @@ impl Drop for Cgroups {
         if let Some(b) = &self.base {
             // Only empty cgroups can be removed; leftovers stay visible.
             let _ = std::fs::remove_dir(b);
+        }
+    }
+}
+
+/// Removes the cgroups of agentd servers that died without cleaning up
+/// (killed, crashed, or never dropped their [`Cgroups`]): `agentd-<pid>`
+/// under `parent` whose pid is gone. Whatever still runs in their
+/// environments' cgroups is killed first (it was sandboxed work of a dead
+/// server). A live pid is left alone, even if reused by another process.
+fn sweep_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("agentd-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let base = e.path();
+        if let Ok(children) = std::fs::read_dir(&base) {
+            for c in children.flatten().filter(|c| c.path().is_dir()) {
+                let _ = std::fs::write(c.path().join("cgroup.kill"), "1");
+                let _ = std::fs::remove_dir(c.path());
+            }
+        }
+        match std::fs::remove_dir(&base) {
+            Ok(()) => info!(dir = %base.display(), "removed a dead server's cgroup"),
+            Err(err) => debug!(dir = %base.display(), error = %err, "stale cgroup not removed yet"),
         }
     }
 }
@@ -316,6 +351,22 @@ mod tests {
     #[tokio::test]
     async fn the_token_fallback_kills_detached_children() {
         kills_detached_children(Cgroups::none(), "7").await;
+    }
+
+    #[test]
+    fn a_dead_servers_cgroups_are_swept() {
+        let first = Cgroups::detect();
+        let Some(base) = first.base.clone() else {
+            println!("SKIPPED: no writable cgroup v2 here");
+            return;
+        };
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        let stale = base.parent().unwrap().join(format!("agentd-{pid}"));
+        std::fs::create_dir_all(stale.join("w-0")).unwrap();
+        let _again = Cgroups::detect();
+        assert!(!stale.exists(), "{} left behind", stale.display());
     }
 
     #[tokio::test]
