@@ -129,6 +129,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
         max_tokens: args.max_tokens,
         logprobs: args.top_logprobs,
+        constraint: None,
     };
     let mut sampler = SequenceSampler::new(params, &prompt)?;
 

@@ -56,6 +56,11 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+
+    /// The Hugging Face tokenizer itself (the grammar engine reads its vocabulary).
+    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
 }
 
 /// Turns a stream of token ids into a stream of complete UTF-8 text pieces.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use agentd_chat::{ChatTemplate, OutputFormat, UnknownParser};
 use agentd_engine::{Engine, ProgramEnded};
+use agentd_models::sampling::GrammarCompiler;
 use agentd_models::Tokenizer;
 use agentd_tools::{Tools, ToolsConfig};
 use axum::body::Bytes;
@@ -75,6 +76,10 @@ pub struct AppState {
     pub output_format: OutputFormat,
     /// `config.json` `model_type` (empty when absent).
     model_type: String,
+    /// Compiles structured-output grammars against the model's vocabulary
+    /// (built once here: the token trie costs ~0.1 s); `None` when the
+    /// tokenizer's byte spelling is unknown.
+    pub grammar: Option<Arc<GrammarCompiler>>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -146,6 +151,14 @@ impl AppState {
         };
         let model_type = read_model_type(model_dir);
         let max_model_len = engine.max_model_len();
+        let mc = engine.model_config();
+        let grammar = match GrammarCompiler::new(&tokenizer, mc.vocab_size, &mc.eos_token_ids) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!(error = %e, "structured outputs are disabled");
+                None
+            }
+        };
         let tools = Arc::new(Tools::new(tools)?);
         let ended = Mutex::new(Some(engine.subscribe_ended()));
         Ok(AppState {
@@ -164,6 +177,7 @@ impl AppState {
             connections: ConnectionLimits::default(),
             output_format: OutputFormat::for_model_type(&model_type),
             model_type,
+            grammar,
         })
     }
 

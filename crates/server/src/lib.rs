@@ -35,6 +35,7 @@ pub mod routes;
 pub mod sampling;
 pub mod sse;
 pub mod stop;
+pub mod structured;
 pub mod tenant;
 pub mod tombstone;
 

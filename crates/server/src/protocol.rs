@@ -98,6 +98,8 @@ pub struct ChatCompletionRequest {
     pub messages: Vec<ChatMessage>,
     pub tools: Option<Vec<Json>>,
     pub tool_choice: Option<Json>,
+    /// `text`, `json_object` or `json_schema` (see [`crate::structured`]).
+    pub response_format: Option<Json>,
     pub chat_template_kwargs: Option<Map<String, Json>>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,

@@ -88,6 +88,8 @@ pub fn build(
         ignore_eos: c.ignore_eos.unwrap_or(false),
         max_tokens,
         logprobs: logprobs.map(|k| k as usize),
+        // Set by the route from `response_format` / `tool_choice`.
+        constraint: None,
     };
     for (name, v) in [
         ("presence_penalty", params.presence_penalty),

@@ -5,16 +5,20 @@
 //! before penalties and temperature), with the top-k alternatives, as vLLM
 //! reports them by default.
 
+pub mod constraint;
 mod kernels;
 mod penalties;
 mod select;
+mod token_env;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ModelError, Result};
+use constraint::ConstraintState;
 use penalties::Penalties;
 
+pub use constraint::{Constraint, Grammar, GrammarCompiler};
 pub use kernels::argmax;
 pub use select::top_k_pairs;
 
@@ -42,6 +46,8 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Number of top alternatives to report with each token; `None` = no logprobs.
     pub logprobs: Option<usize>,
+    /// A grammar the output must follow (structured outputs, forced tool calls).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -59,6 +65,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             max_tokens: 16,
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -120,6 +127,7 @@ pub struct SequenceSampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
     penalties: Option<Penalties>,
+    constraint: Option<ConstraintState>,
     generated: usize,
 }
 
@@ -130,6 +138,7 @@ impl SequenceSampler {
         Ok(SequenceSampler {
             rng: ChaCha8Rng::seed_from_u64(seed),
             penalties: Penalties::new(&params, prompt),
+            constraint: params.constraint.as_ref().map(Constraint::start),
             generated: 0,
             params,
         })
@@ -149,8 +158,11 @@ impl SequenceSampler {
             return Err(ModelError::Sampling("empty logits".into()));
         }
         let raw = self.params.logprobs.map(|n| raw_logprobs(logits, n));
-        let penalized = self.penalties.as_ref().map(|p| p.apply(logits));
-        let row = penalized.as_deref().unwrap_or(logits);
+        let mut owned = self.penalties.as_ref().map(|p| p.apply(logits));
+        if let Some(c) = &mut self.constraint {
+            c.mask(owned.get_or_insert_with(|| logits.to_vec()))?;
+        }
+        let row = owned.as_deref().unwrap_or(logits);
         let token = if self.params.temperature < 1e-5 {
             argmax(row)
         } else {
@@ -159,6 +171,9 @@ impl SequenceSampler {
         let token_id = token as u32;
         if let Some(p) = &mut self.penalties {
             p.record(token_id);
+        }
+        if let Some(c) = &mut self.constraint {
+            c.advance(token_id)?;
         }
         self.generated += 1;
         let (logprob, top) = match raw {
@@ -176,6 +191,10 @@ impl SequenceSampler {
     pub fn finish_reason(&self, token: u32, eos_token_ids: &[u32]) -> Option<FinishReason> {
         if self.params.stop_token_ids.contains(&token)
             || (!self.params.ignore_eos && eos_token_ids.contains(&token))
+            || self
+                .constraint
+                .as_ref()
+                .is_some_and(ConstraintState::is_finished)
         {
             Some(FinishReason::Stop)
         } else if self.generated >= self.params.max_tokens {

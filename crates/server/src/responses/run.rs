@@ -27,7 +27,9 @@ use crate::error::ApiError;
 use crate::generation::Step;
 use crate::program_id::{self, ProgramRef};
 use crate::sampling;
+use crate::structured;
 use crate::tenant::Caller;
+use agentd_models::sampling::Constraint;
 
 /// A response submitted to the engine, not yet generated.
 pub struct Prepared {
@@ -75,12 +77,13 @@ pub fn prepare(
         None if prev.is_none() => return Err(ApiError::invalid("input", "input is required")),
         None => {}
     }
-    let (prompt, tokens) = render(state, &req, &history, prev.as_ref())?;
+    let (prompt, tokens, constraint) = render(state, &req, &history, prev.as_ref())?;
     if let Some(m) = req.max_output_tokens {
         req.common.max_tokens = Some(m);
         req.common.max_completion_tokens = None;
     }
-    let sampling = sampling::build(&req.common, None, tokens.len(), state.max_model_len)?;
+    let mut sampling = sampling::build(&req.common, None, tokens.len(), state.max_model_len)?;
+    sampling.params.constraint = constraint;
     let program_ref = ProgramRef {
         program: Some(program.clone()),
         final_request: !store || resolved.final_request,
@@ -136,15 +139,23 @@ fn previous(state: &SharedState, id: &str) -> Result<Stored, ApiError> {
 
 /// Renders `history` (after `instructions`, with the request's tools) and
 /// tokenises it, continuing `prev`'s exact tokens when it can
-/// ([`continuation`]).
+/// ([`continuation`]); with the request's output constraint.
 fn render(
     state: &SharedState,
     req: &ResponsesRequest,
     history: &[ChatMessage],
     prev: Option<&Stored>,
-) -> Result<(ChatPrompt, Vec<u32>), ApiError> {
+) -> Result<(ChatPrompt, Vec<u32>, Option<Constraint>), ApiError> {
     let tools = req.tools.as_deref().map(chat_tools).transpose()?;
     let tool_choice = chat_tool_choice(req.tool_choice.as_ref())?;
+    let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    let constraint = structured::constraint(
+        state,
+        structured::responses_format(req.text.as_ref())?,
+        tools.as_deref().unwrap_or_default(),
+        tool_choice.as_ref(),
+        &mut kwargs,
+    )?;
     let with_instructions = |h: &[ChatMessage]| {
         let mut m = Vec::with_capacity(h.len() + 1);
         if let Some(instructions) = &req.instructions {
@@ -158,7 +169,7 @@ fn render(
             messages,
             tools: tools.as_deref(),
             tool_choice: tool_choice.as_ref(),
-            chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+            chat_template_kwargs: kwargs.clone(),
             add_generation_prompt,
             continue_final_message: false,
         };
@@ -173,7 +184,7 @@ fn render(
     };
     let Some(prev) = prev.filter(|p| !p.turn.prompt.is_empty()) else {
         let tokens = prompt.tokens.clone();
-        return Ok((prompt, tokens));
+        return Ok((prompt, tokens, constraint));
     };
     let probe = |extra: &[ChatMessage], generation: bool| {
         input(&with_instructions(extra), Some(generation)).map(|(text, _)| text)
@@ -196,7 +207,7 @@ fn render(
     };
     let tokens = continuation::tokens(&state.tokenizer, &prev.turn, &probes)?
         .unwrap_or_else(|| prompt.tokens.clone());
-    Ok((prompt, tokens))
+    Ok((prompt, tokens, constraint))
 }
 
 /// Releases the programs (engine keys) of chains that left the store.

@@ -18,7 +18,7 @@ use crate::protocol::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob, UsageInfo,
 };
-use crate::{program_id, sampling, sse};
+use crate::{program_id, sampling, sse, structured};
 
 pub async fn handle(
     State(state): State<SharedState>,
@@ -29,21 +29,29 @@ pub async fn handle(
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
     // Rendering and tokenizing a long conversation is CPU work: off the runtime.
-    let (req, prompt) = {
+    let (req, prompt, constraint) = {
         let state = state.clone();
         crate::offload::run(move || {
+            let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+            let constraint = structured::constraint(
+                &state,
+                structured::chat_format(req.response_format.as_ref())?,
+                req.tools.as_deref().unwrap_or_default(),
+                req.tool_choice.as_ref(),
+                &mut kwargs,
+            )?;
             let prompt = chat_prompt::render(
                 &state,
                 &ChatInput {
                     messages: &req.messages,
                     tools: req.tools.as_deref(),
                     tool_choice: req.tool_choice.as_ref(),
-                    chat_template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+                    chat_template_kwargs: kwargs,
                     add_generation_prompt: req.add_generation_prompt,
                     continue_final_message: req.continue_final_message.unwrap_or(false),
                 },
             )?;
-            Ok((req, prompt))
+            Ok((req, prompt, constraint))
         })
         .await?
     };
@@ -58,7 +66,8 @@ pub async fn handle(
         }
         _ => None,
     };
-    let sampling = sampling::build(&req.common, top, prompt.len(), state.max_model_len)?;
+    let mut sampling = sampling::build(&req.common, top, prompt.len(), state.max_model_len)?;
+    sampling.params.constraint = constraint;
     let n = choices::count(req.common.n, 1)?;
     tracing::info!(
         program = ?program.program,
