@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs scripts/openai_sdk_check.py (the official `openai` SDK, unchanged) and
 # scripts/openai_responses_check.py (`client.responses` and the OpenAI Agents
-# SDK) against a freshly started `agentd serve` on the embedded model. The SDK is
+# SDK) and scripts/openai_structured_check.py (structured outputs: 50 seeded
+# samples each must parse) against a freshly started `agentd serve` on the
+# embedded model. The SDK is
 # installed into a venv outside the repo on first use. Exits 0 with a loud
 # warning when the SDK cannot be installed (no registry); non-zero when the
 # check fails.
@@ -32,4 +34,5 @@ if [ -z "$addr" ]; then
   echo "agentd serve did not start:"; cat "$log"; exit 1
 fi
 "$venv/bin/python" scripts/openai_sdk_check.py "http://$addr/v1" &&
-  "$venv/bin/python" scripts/openai_responses_check.py "http://$addr/v1"
+  "$venv/bin/python" scripts/openai_responses_check.py "http://$addr/v1" &&
+  "$venv/bin/python" scripts/openai_structured_check.py "http://$addr/v1"
