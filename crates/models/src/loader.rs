@@ -16,6 +16,32 @@ use crate::error::{ModelError, Result};
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
 
+/// Drops the mapped pages of a tensor already copied out of the mapping from
+/// this process's resident set (they stay in the page cache). Without it a
+/// load peaks at the mapped pages plus their copies: 5.16 GB for a 2.64 GB
+/// bf16 checkpoint kept in bf16 (1.96x).
+fn release_pages(data: &[u8]) {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let start = data.as_ptr() as usize;
+        let begin = start.div_ceil(page) * page;
+        let end = (start + data.len()) / page * page;
+        if end > begin {
+            // SAFETY: [begin, end) is whole pages inside the read-only file
+            // mapping; MADV_DONTNEED on a file mapping only unmaps pages from
+            // this process, and a later read faults the same bytes back in
+            // from the file, so every borrow of the mapping stays valid.
+            unsafe {
+                libc::madvise(begin as *mut libc::c_void, end - begin, libc::MADV_DONTNEED);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = data;
+}
+
 /// The weights of one checkpoint, memory-mapped.
 pub struct Weights {
     mmaped: MmapedSafetensors,
@@ -144,6 +170,7 @@ impl Weights {
             path: file.clone(),
             reason: format!("tensor `{name}`: {e}"),
         })?;
+        release_pages(view.data());
         if keep_bf16 && t.dtype() == DType::BF16 {
             return Ok(t.contiguous()?);
         }
