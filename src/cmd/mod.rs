@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_model;
 pub mod device;
+pub mod dtype;
 pub mod generate;
 pub mod kv_events;
 pub mod make_model;

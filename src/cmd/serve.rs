@@ -39,12 +39,8 @@ pub struct ServeArgs {
     /// replica; needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
-    /// Weight dtype. On the CPU, `auto`/`bfloat16` keep bf16 weights in bf16
-    /// (products widen them on the fly and accumulate in f32; f16 and f32
-    /// checkpoints load as f32), `float32` widens everything at load; on
-    /// CUDA `auto` is bfloat16.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "f32", "bfloat16", "bf16", "float16", "half", "f16"])]
-    pub dtype: String,
+    #[command(flatten)]
+    pub dtype: super::dtype::DtypeArg,
     /// Tool-call output format by vLLM's parser name (default: the model
     /// family's: `glm45` for GLM-4.5 MoE, else `hermes`).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(agentd_chat::TOOL_PARSER_NAMES))]
@@ -265,19 +261,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     tracing::info!(?cfg, "starting engine");
     let engine = match args.device.as_str() {
-        "cuda" => super::device::start_cuda(&model_dir, cfg, &args.dtype)?,
+        "cuda" => super::device::start_cuda(&model_dir, cfg, args.dtype.dtype)?,
         _ => {
-            // auto / bfloat16: bf16 matrices stay bf16 (the kernels widen
-            // them); float32: everything widened at load.
-            let keep_bf16 = match args.dtype.as_str() {
-                "auto" | "bfloat16" | "bf16" => true,
-                "float32" | "float" | "f32" => false,
-                other => bail!(
-                    "--dtype {other} cannot run on the CPU (no float16 kernels): use auto, bfloat16 or float32"
-                ),
-            };
-            tracing::info!(dir = %model_dir.display(), keep_bf16, "loading model");
-            let model = agentd_models::Model::load_with(&model_dir, keep_bf16)
+            let dtype = args.dtype.dtype;
+            tracing::info!(dir = %model_dir.display(), %dtype, "loading model");
+            let model = agentd_models::Model::load_as(&model_dir, dtype)
                 .with_context(|| format!("loading the model in {}", model_dir.display()))?;
             Engine::with_model(Arc::new(model), cfg)
                 .with_context(|| format!("starting the engine on {}", model_dir.display()))?

@@ -3,13 +3,13 @@
 
 use std::sync::OnceLock;
 
-use candle_core::{DType, Storage, Tensor};
+use candle_core::{DType, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::loader::Weights;
-use crate::matmul::{has_avx512, matmul_xwt};
+use crate::matmul::{has_avx512, matmul_xwt, WeightElem};
 use crate::simd;
 
 /// Whether a product with `t` activation rows runs on [`matmul_xwt`] rather
@@ -48,12 +48,13 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// `weight`: an `[out, in]` tensor, f32 or bf16 (kept as bf16 and
-    /// widened by the kernels); other dtypes are converted to f32.
+    /// `weight`: an `[out, in]` tensor, f32, bf16 or f16 (16-bit ones are
+    /// kept as they are and widened by the kernels); other dtypes are
+    /// converted to f32.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
         let (out_dim, in_dim) = weight.dims2()?;
         let weight = match weight.dtype() {
-            DType::F32 | DType::BF16 => weight,
+            DType::F32 | DType::BF16 | DType::F16 => weight,
             _ => weight.to_dtype(DType::F32)?,
         };
         let bias = match bias {
@@ -83,9 +84,16 @@ impl Linear {
         }
         let t = x.len() / k;
         let mut y = if self.weight.dtype() == DType::BF16 {
-            // Always the own kernels: candle's gemm would want f32 weights.
+            // 16-bit weights always take the own kernels: candle's gemm
+            // would want f32 weights.
             let mut out = vec![0f32; t * self.out_dim];
-            with_bf16(&self.weight, |w| {
+            with_slice::<half::bf16, _>(&self.weight, |w| {
+                matmul_xwt(x, t, w, self.out_dim, k, &mut out)
+            })?;
+            out
+        } else if self.weight.dtype() == DType::F16 {
+            let mut out = vec![0f32; t * self.out_dim];
+            with_slice::<half::f16, _>(&self.weight, |w| {
                 matmul_xwt(x, t, w, self.out_dim, k, &mut out)
             })?;
             out
@@ -110,45 +118,37 @@ impl Linear {
 
 /// Runs `f` on the f32 contents of a contiguous CPU tensor, without copying.
 pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    with_slice(t, f)
+}
+
+/// Runs `f` on the contents of a contiguous CPU tensor of element type `T`
+/// (f32, bf16, f16, ...), without copying.
+pub fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let Some((start, end)) = layout.contiguous_offsets() else {
         return Err(ModelError::Batch("expected a contiguous tensor".into()));
     };
     match &*storage {
-        Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<f32>()?[start..end])),
+        Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<T>()?[start..end])),
         _ => Err(ModelError::Batch("expected a CPU tensor".into())),
     }
 }
 
-/// Runs `f` on the bf16 contents of a contiguous CPU tensor, without copying.
-pub fn with_bf16<R>(t: &Tensor, f: impl FnOnce(&[half::bf16]) -> R) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        return Err(ModelError::Batch("expected a contiguous tensor".into()));
-    };
-    match &*storage {
-        Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<half::bf16>()?[start..end])),
-        _ => Err(ModelError::Batch("expected a CPU tensor".into())),
-    }
-}
-
-/// Appends rows `ids` of the `[rows, width]` matrix `table` (f32 or bf16)
-/// to a new f32 buffer: the embedding lookup.
+/// Appends rows `ids` of the `[rows, width]` matrix `table` (f32, bf16 or
+/// f16; 16-bit rows widened exactly) to a new f32 buffer: the embedding
+/// lookup.
 pub fn gather_rows(table: &Tensor, ids: &[u32], width: usize) -> Result<Vec<f32>> {
+    fn gather<W: WeightElem>(e: &[W], ids: &[u32], width: usize, x: &mut Vec<f32>) {
+        for &id in ids {
+            let row = &e[id as usize * width..(id as usize + 1) * width];
+            x.extend(row.iter().map(|v| v.to_f32()));
+        }
+    }
     let mut x = Vec::with_capacity(ids.len() * width);
-    if table.dtype() == DType::BF16 {
-        with_bf16(table, |e| {
-            for &id in ids {
-                let row = &e[id as usize * width..(id as usize + 1) * width];
-                x.extend(row.iter().map(|v| crate::matmul::WeightElem::to_f32(*v)));
-            }
-        })?;
-    } else {
-        with_f32(table, |e| {
-            for &id in ids {
-                x.extend_from_slice(&e[id as usize * width..(id as usize + 1) * width]);
-            }
-        })?;
+    match table.dtype() {
+        DType::BF16 => with_slice::<half::bf16, _>(table, |e| gather(e, ids, width, &mut x))?,
+        DType::F16 => with_slice::<half::f16, _>(table, |e| gather(e, ids, width, &mut x))?,
+        _ => with_f32(table, |e| gather(e, ids, width, &mut x))?,
     }
     Ok(x)
 }

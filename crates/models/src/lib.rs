@@ -42,8 +42,9 @@ pub mod tokenizer;
 
 pub use attention::{KvCacheConfig, PagedKvCache};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};
-pub use config::{Family, ModelConfig, Qwen3Config};
+pub use config::{Family, ModelConfig, Qwen3Config, WeightDtype};
 pub use error::{ModelError, Result};
+pub use loader::LoadDtype;
 pub use model::{Model, Qwen3Model};
 pub use runner::{CpuRunner, StepRunner};
 pub use sampling::{SampleOutput, SamplingParams, SequenceSampler};

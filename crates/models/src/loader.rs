@@ -1,16 +1,23 @@
 //! Finds and memory-maps a checkpoint's safetensors (a single `model.safetensors`
 //! or the shards listed by `model.safetensors.index.json`) and hands out tensors
-//! by name, checked against the shape the model expects and converted to f32.
+//! by name, checked against the shape the model expects: weight matrices in the
+//! dtype [`LoadDtype`] asks for (by default as stored: f32, bf16 or f16), small
+//! tensors (norms, biases) in f32.
 //!
-//! The shape check happens on the safetensors header before any data is read, so
-//! a wrong checkpoint fails fast with the file and tensor named.
+//! The shape and dtype checks happen on the safetensors header before any data
+//! is read, so a wrong checkpoint fails fast with the file and tensor named.
+//! Each tensor is copied out of the mapping once, in its stored dtype (cast
+//! after that only when asked), and its mapped pages are then dropped from the
+//! resident set, so loading peaks near the checkpoint's size, not twice it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
 
+use crate::config::WeightDtype;
 use crate::error::{ModelError, Result};
 
 const SINGLE: &str = "model.safetensors";
@@ -42,6 +49,53 @@ fn release_pages(data: &[u8]) {
     let _ = data;
 }
 
+/// The dtype weight matrices take in memory (`--dtype`). Norm weights,
+/// biases and router correction biases are f32 whatever it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadDtype {
+    /// As stored: f32, bf16 or f16 (vLLM's `auto`). 16-bit matrices stay
+    /// 16-bit; the CPU kernels widen them exactly inside the products.
+    #[default]
+    Auto,
+    /// Every matrix cast to this dtype at load: widened exactly to f32, or
+    /// rounded to nearest-even to bf16/f16 (f16 overflows to ±inf past
+    /// 65504, as torch's cast does).
+    Cast(WeightDtype),
+}
+
+impl LoadDtype {
+    /// vLLM's `--dtype` names: `auto`, `float32`/`float`, `bfloat16`,
+    /// `float16`/`half` (and `f32`, `bf16`, `f16`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(LoadDtype::Auto),
+            other => WeightDtype::parse(other).map(LoadDtype::Cast),
+        }
+    }
+
+    /// Every name [`LoadDtype::parse`] accepts.
+    pub const NAMES: &'static [&'static str] = &[
+        "auto", "float32", "float", "f32", "bfloat16", "bf16", "float16", "half", "f16",
+    ];
+
+    /// The dtype a matrix stored as `stored` gets.
+    pub fn resolve(self, stored: WeightDtype) -> WeightDtype {
+        match self {
+            LoadDtype::Auto => stored,
+            LoadDtype::Cast(d) => d,
+        }
+    }
+}
+
+impl std::fmt::Display for LoadDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadDtype::Auto => f.write_str("auto"),
+            LoadDtype::Cast(d) => f.write_str(d.as_hf_str()),
+        }
+    }
+}
+
 /// The weights of one checkpoint, memory-mapped.
 pub struct Weights {
     mmaped: MmapedSafetensors,
@@ -49,8 +103,17 @@ pub struct Weights {
     file_of: HashMap<String, PathBuf>,
     files: Vec<PathBuf>,
     device: Device,
-    /// Matrices stored in bf16 stay bf16 ([`Weights::get_matrix`]).
-    keep_bf16: bool,
+    /// The dtype of the matrices [`Weights::get_matrix`] hands out.
+    matrix_dtype: LoadDtype,
+    /// What was handed out so far: bytes (in memory, after any cast) and
+    /// tensor names.
+    loaded: Mutex<Loaded>,
+}
+
+#[derive(Default)]
+struct Loaded {
+    bytes: usize,
+    names: HashSet<String>,
 }
 
 impl Weights {
@@ -100,21 +163,21 @@ impl Weights {
             file_of,
             files,
             device: device.clone(),
-            keep_bf16: false,
+            matrix_dtype: LoadDtype::Auto,
+            loaded: Mutex::default(),
         })
     }
 
-    /// Keeps bf16 matrices in bf16 (the CPU kernels widen them on the fly):
-    /// half the memory of an f32 copy, and no f32 copy of the model at load.
-    pub fn keep_bf16(mut self, on: bool) -> Self {
-        self.keep_bf16 = on;
+    /// The dtype of the matrices [`Weights::get_matrix`] hands out (default
+    /// [`LoadDtype::Auto`]: as stored, so no f32 copy of a 16-bit model).
+    pub fn with_dtype(mut self, dtype: LoadDtype) -> Self {
+        self.matrix_dtype = dtype;
         self
     }
 
-    /// Loads the weight matrix `name`: bf16 as stored when
-    /// [`Weights::keep_bf16`] is on, else (and for f16/f32) f32.
+    /// Loads the weight matrix `name` in the dtype of [`Weights::with_dtype`].
     pub fn get_matrix(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.load(name, shape, self.keep_bf16)
+        self.load(name, shape, self.matrix_dtype)
     }
 
     pub fn files(&self) -> &[PathBuf] {
@@ -125,12 +188,33 @@ impl Weights {
         self.file_of.contains_key(name)
     }
 
-    /// Loads `name`, checking its shape, as a contiguous f32 tensor.
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.load(name, shape, false)
+    /// Bytes of the tensors handed out so far, in their in-memory dtype.
+    pub fn loaded_bytes(&self) -> usize {
+        self.loaded.lock().map_or(0, |l| l.bytes)
     }
 
-    fn load(&self, name: &str, shape: &[usize], keep_bf16: bool) -> Result<Tensor> {
+    /// The checkpoint's tensors never handed out (sorted): e.g. GLM-4.5's
+    /// multi-token-prediction layers, which the model does not run.
+    pub fn unused(&self) -> Vec<String> {
+        let Ok(l) = self.loaded.lock() else {
+            return Vec::new();
+        };
+        let mut v: Vec<String> = self
+            .file_of
+            .keys()
+            .filter(|n| !l.names.contains(*n))
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Loads `name`, checking its shape, as a contiguous f32 tensor.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.load(name, shape, LoadDtype::Cast(WeightDtype::F32))
+    }
+
+    fn load(&self, name: &str, shape: &[usize], dtype: LoadDtype) -> Result<Tensor> {
         let file = self
             .file_of
             .get(name)
@@ -156,8 +240,10 @@ impl Weights {
             });
         }
         use safetensors::Dtype as D;
-        match view.dtype() {
-            D::F32 | D::BF16 | D::F16 => {}
+        let stored = match view.dtype() {
+            D::F32 => WeightDtype::F32,
+            D::BF16 => WeightDtype::Bf16,
+            D::F16 => WeightDtype::F16,
             other => {
                 return Err(ModelError::UnsupportedDtype {
                     file: file.clone(),
@@ -165,16 +251,23 @@ impl Weights {
                     found: format!("{other:?}"),
                 })
             }
-        }
+        };
         let t = view.load(&self.device).map_err(|e| ModelError::Weights {
             path: file.clone(),
             reason: format!("tensor `{name}`: {e}"),
         })?;
         release_pages(view.data());
-        if keep_bf16 && t.dtype() == DType::BF16 {
-            return Ok(t.contiguous()?);
+        let want: DType = dtype.resolve(stored).to_candle();
+        let t = if t.dtype() == want {
+            t
+        } else {
+            t.to_dtype(want)?
+        };
+        if let Ok(mut l) = self.loaded.lock() {
+            l.bytes += t.elem_count() * want.size_in_bytes();
+            l.names.insert(name.to_owned());
         }
-        Ok(t.to_dtype(DType::F32)?.contiguous()?)
+        Ok(t.contiguous()?)
     }
 }
 

@@ -14,10 +14,10 @@ use candle_core::{Device, Tensor};
 
 use crate::attention::{KvCacheConfig, PagedKvCache};
 use crate::batch::BatchInput;
-use crate::config::{Family, ModelConfig};
+use crate::config::{Family, ModelConfig, WeightDtype};
 use crate::error::Result;
 use crate::layers::{gather_rows, inv_freq, norm_weight, rms_norm, Linear, RopeBatch};
-use crate::loader::Weights;
+use crate::loader::{LoadDtype, Weights};
 use crate::self_attn::StepCtx;
 use crate::{glm4, glm4_moe, qwen3, qwen3_moe};
 
@@ -37,6 +37,8 @@ pub struct Model {
     lm_head: Linear,
     inv_freq: Vec<f32>,
     device: Device,
+    /// Bytes of weights held (matrices in their in-memory dtype).
+    weight_bytes: usize,
 }
 
 /// The name the model had while only Qwen3 ran; kept so code written against
@@ -44,23 +46,26 @@ pub struct Model {
 pub type Qwen3Model = Model;
 
 impl Model {
-    /// Loads a Hugging Face directory (`config.json` + safetensors).
+    /// Loads a Hugging Face directory (`config.json` + safetensors) with
+    /// every matrix widened to f32 ([`Model::load_as`] keeps 16-bit ones).
     pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with(dir, false)
+        Self::load_as(dir, LoadDtype::Cast(WeightDtype::F32))
     }
 
-    /// [`Model::load`]; with `keep_bf16`, bf16 weight matrices stay bf16 in
-    /// memory (norms and biases are f32 either way), and the products widen
-    /// them on the fly: the same logits as the f32 load of the same file.
-    pub fn load_with(dir: &Path, keep_bf16: bool) -> Result<Self> {
+    /// Loads a Hugging Face directory with its weight matrices in `dtype`
+    /// ([`LoadDtype::Auto`]: as stored; norms and biases are f32 either way).
+    /// bf16/f16 matrices stay 16-bit in memory and the products widen them
+    /// exactly: the same logits as the f32 load of the same file.
+    pub fn load_as(dir: &Path, dtype: LoadDtype) -> Result<Self> {
         let cfg = ModelConfig::from_dir(dir)?;
         let device = Device::Cpu;
-        let weights = Weights::from_dir(dir, &device)?.keep_bf16(keep_bf16);
+        let weights = Weights::from_dir(dir, &device)?.with_dtype(dtype);
         Self::from_weights(cfg, &weights)
     }
 
     pub fn from_weights(cfg: ModelConfig, w: &Weights) -> Result<Self> {
         let (hid, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        let bytes_before = w.loaded_bytes();
         let embed_tokens = w.get_matrix("model.embed_tokens.weight", &[vocab, hid])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         // Only layers 0..num_hidden_layers: GLM-4.5's MTP layers
@@ -94,7 +99,18 @@ impl Model {
         } else {
             Linear::new(w.get_matrix("lm_head.weight", &[vocab, hid])?, None)?
         };
+        let unused = w.unused();
+        if !unused.is_empty() {
+            // GLM-4.5's MTP layers (`model.layers.{num_hidden_layers}.*`):
+            // never read, so never resident.
+            tracing::info!(
+                tensors = unused.len(),
+                first = %unused[0],
+                "checkpoint tensors not used by this model, not loaded"
+            );
+        }
         Ok(Model {
+            weight_bytes: w.loaded_bytes().saturating_sub(bytes_before),
             inv_freq: inv_freq(&cfg),
             device: embed_tokens.device().clone(),
             cfg,
@@ -111,6 +127,13 @@ impl Model {
 
     pub fn family(&self) -> Family {
         self.cfg.family
+    }
+
+    /// Bytes of weights this model holds: matrices in their in-memory dtype
+    /// (half the f32 figure for a 16-bit checkpoint loaded as stored), norms
+    /// and biases in f32.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
     }
 
     /// A cache with this model's geometry and `num_blocks` blocks.

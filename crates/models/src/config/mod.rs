@@ -29,9 +29,10 @@ pub enum RopeScaling {
     Linear { factor: f64 },
 }
 
-/// Weight dtype declared by the checkpoint. The CPU runtime computes in f32
-/// whatever the checkpoint stores (bf16 matmuls are slower than f32 on these
-/// CPUs, see ENVIRONMENT.md); this records what the files hold.
+/// A weight dtype: the one a checkpoint declares (`torch_dtype`), or the one
+/// matrices are cast to at load ([`crate::loader::LoadDtype`]). The CPU
+/// runtime keeps 16-bit matrices as they are and widens them exactly inside
+/// the products, which accumulate in f32 (the `matmul` module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightDtype {
     F32,
@@ -48,9 +49,28 @@ impl WeightDtype {
         }
     }
 
+    /// The candle dtype of this weight dtype.
+    pub fn to_candle(self) -> candle_core::DType {
+        match self {
+            WeightDtype::F32 => candle_core::DType::F32,
+            WeightDtype::Bf16 => candle_core::DType::BF16,
+            WeightDtype::F16 => candle_core::DType::F16,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            WeightDtype::Bf16 | WeightDtype::F16 => 2,
+        }
+    }
+
+    /// The names transformers and vLLM use (`float32`/`float`,
+    /// `bfloat16`, `float16`/`half`) and the short ones.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
-            "float32" | "f32" => Some(WeightDtype::F32),
+            "float32" | "float" | "f32" => Some(WeightDtype::F32),
             "bfloat16" | "bf16" => Some(WeightDtype::Bf16),
             "float16" | "f16" | "half" => Some(WeightDtype::F16),
             _ => None,

@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::{OutPtr, WeightElem};
+use super::{ElemKind, OutPtr, WeightElem};
 
 /// Weight rows per rayon task (a multiple of every MR below, so only the
 /// last task of a product has a ragged tile).
@@ -141,14 +141,26 @@ unsafe fn tile<W: WeightElem, const MR: usize, const NV: usize>(
             xv[v] = _mm512_loadu_ps(xt.add(i * tp + 16 * v));
         }
         for r in 0..MR {
-            // bf16 → f32 is a shift (exact); same FMA chain either way.
-            let b = _mm512_set1_ps((*w[r].add(i)).to_f32());
+            // Widening is exact (bf16: a shift; f16: vcvtph2ps), so the FMA
+            // chain is the f32 one whatever the stored dtype.
+            let b = broadcast(w[r].add(i));
             for v in 0..NV {
                 acc[r][v] = _mm512_fmadd_ps(b, xv[v], acc[r][v]);
             }
         }
     }
     acc
+}
+
+/// The weight at `p`, widened to f32, in every lane.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn broadcast<W: WeightElem>(p: *const W) -> __m512 {
+    if W::KIND == ElemKind::F16 {
+        let bits = *p.cast::<u16>();
+        return _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16));
+    }
+    _mm512_set1_ps((*p).to_f32())
 }
 
 #[cfg(test)]

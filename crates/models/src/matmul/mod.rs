@@ -24,11 +24,13 @@
 //!
 //! Without AVX-512 it falls back to `simd::dot_rows` (AVX2 or portable).
 //!
-//! **Stored dtype:** `W` may be f32 or bf16 ([`WeightElem`]). bf16 weights
-//! are widened as they are loaded (a 16-bit shift: exact), and the FMA
-//! chains are the same, so a bf16 product equals the f32 product of the
-//! same bf16-rounded weights bit for bit, and stays batch-invariant, while
-//! the weights take half the memory and half the bandwidth.
+//! **Stored dtype:** `W` may be f32, bf16 or f16 ([`WeightElem`]). 16-bit
+//! weights are widened as they are loaded, exactly (bf16: a 16-bit shift;
+//! f16: `vcvtph2ps` in the AVX-512 kernels, `half`'s `to_f32` in the portable
+//! path, both exact for every f16 value), and the FMA chains are the same,
+//! so a bf16 or f16 product equals the f32 product of the same rounded
+//! weights bit for bit, and stays batch-invariant, while the weights take
+//! half the memory and half the bandwidth.
 
 use rayon::prelude::*;
 
@@ -46,16 +48,24 @@ const ROWS_PER_TASK: usize = 32;
 /// Activation rows per pass over a task's weight rows (bounds the x working set).
 const X_ROWS_PER_PASS: usize = 64;
 
-/// A weight element the kernels read: f32, or bf16 widened on the fly.
+/// The stored dtype of a weight element (the kernels pick their load by it;
+/// the branch is resolved at compile time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElemKind {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// A weight element the kernels read: f32, or bf16 / f16 widened on the fly.
 pub trait WeightElem: Copy + Send + Sync + 'static {
-    /// Whether the element is bf16 (the kernels pick their load by it; the
-    /// branch is resolved at compile time).
-    const BF16: bool;
+    const KIND: ElemKind;
+    /// The exact f32 value.
     fn to_f32(self) -> f32;
 }
 
 impl WeightElem for f32 {
-    const BF16: bool = false;
+    const KIND: ElemKind = ElemKind::F32;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -63,10 +73,19 @@ impl WeightElem for f32 {
 }
 
 impl WeightElem for half::bf16 {
-    const BF16: bool = true;
+    const KIND: ElemKind = ElemKind::Bf16;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
+impl WeightElem for half::f16 {
+    const KIND: ElemKind = ElemKind::F16;
+    /// Exact: every f16 (subnormals included) is an f32.
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
     }
 }
 
@@ -147,14 +166,15 @@ fn portable_block<W: WeightElem>(
 ) {
     let xs = &x[t0 * k..t1 * k];
     let mut col = vec![0f32; t1 - t0];
-    let mut wide = if W::BF16 { vec![0f32; k] } else { Vec::new() };
+    let narrow = W::KIND != ElemKind::F32;
+    let mut wide = if narrow { vec![0f32; k] } else { Vec::new() };
     for r in r0..r1 {
         let row = &w[r * k..(r + 1) * k];
-        let row: &[f32] = if W::BF16 {
+        let row: &[f32] = if narrow {
             wide.iter_mut().zip(row).for_each(|(d, s)| *d = s.to_f32());
             &wide
         } else {
-            // SAFETY: W is f32 when BF16 is false (the only other impl).
+            // SAFETY: W is f32 when KIND is F32 (the only such impl).
             unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<f32>(), k) }
         };
         simd::dot_rows(xs, row, &mut col);
@@ -204,40 +224,77 @@ mod tests {
         }
     }
 
-    fn bf16_of(v: &[f32]) -> (Vec<half::bf16>, Vec<f32>) {
-        let b: Vec<half::bf16> = v.iter().map(|x| half::bf16::from_f32(*x)).collect();
-        let f = b.iter().map(|x| x.to_f32()).collect();
-        (b, f)
+    /// `v` rounded to a 16-bit type, and those rounded values back in f32.
+    fn rounded<W: WeightElem>(v: &[f32], round: impl Fn(f32) -> W) -> (Vec<W>, Vec<f32>) {
+        let narrow: Vec<W> = v.iter().map(|x| round(*x)).collect();
+        let wide = narrow.iter().map(|x| x.to_f32()).collect();
+        (narrow, wide)
     }
 
-    /// bf16 weights give bit for bit the f32 product of the same rounded
-    /// weights, for every kernel (T = 1..4 small, 5+ broadcast) and the
-    /// portable path, and their rows are batch-invariant.
-    #[test]
-    fn bf16_weights_equal_f32_of_rounded_weights() {
+    /// 16-bit weights give bit for bit the f32 product of the same rounded
+    /// weights, for every kernel (T = 1..4 small, 5+ broadcast; k = 45 has a
+    /// ragged 13-wide tail) and the portable path, and their rows are
+    /// batch-invariant.
+    fn narrow_weights_equal_f32_of_rounded<W: WeightElem>(round: impl Fn(f32) -> W) {
         let (n, k) = (70, 45);
         let x: Vec<f32> = (0..9 * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
-        let (wb, wf) = bf16_of(&w);
+        // Values spanning f16's subnormals (2^-24..2^-14) up to ~8.
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| (i as f32 * 0.11).cos() * 2f32.powi((i % 28) as i32 - 25))
+            .collect();
+        let (wn, wf) = rounded(&w, round);
+        let name = format!("{:?}", W::KIND);
         for t in [1, 2, 4, 5, 9] {
             let mut a = vec![f32::NAN; t * n];
             let mut b = vec![f32::NAN; t * n];
-            matmul_xwt(&x[..t * k], t, &wb, n, k, &mut a);
+            matmul_xwt(&x[..t * k], t, &wn, n, k, &mut a);
             matmul_xwt(&x[..t * k], t, &wf, n, k, &mut b);
-            assert!(a == b, "t={t}: bf16 vs f32 of rounded weights");
+            assert!(a == b, "{name} t={t}: narrow vs f32 of rounded weights");
             let mut p = vec![f32::NAN; t * n];
             let mut q = vec![f32::NAN; t * n];
-            portable_block(&x, &wb, k, n, (0, n), (0, t), OutPtr(p.as_mut_ptr()));
+            portable_block(&x, &wn, k, n, (0, n), (0, t), OutPtr(p.as_mut_ptr()));
             portable_block(&x, &wf, k, n, (0, n), (0, t), OutPtr(q.as_mut_ptr()));
-            assert!(p == q, "t={t}: portable bf16 vs f32");
+            assert!(p == q, "{name} t={t}: portable narrow vs f32");
         }
         if has_avx512() {
             let mut all = vec![f32::NAN; 9 * n];
-            matmul_xwt(&x, 9, &wb, n, k, &mut all);
+            matmul_xwt(&x, 9, &wn, n, k, &mut all);
             for row in 0..9 {
                 let mut alone = vec![f32::NAN; n];
-                matmul_xwt(&x[row * k..(row + 1) * k], 1, &wb, n, k, &mut alone);
-                assert!(alone == all[row * n..(row + 1) * n], "bf16 row {row}");
+                matmul_xwt(&x[row * k..(row + 1) * k], 1, &wn, n, k, &mut alone);
+                assert!(alone == all[row * n..(row + 1) * n], "{name} row {row}");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_weights_equal_f32_of_rounded_weights() {
+        narrow_weights_equal_f32_of_rounded(half::bf16::from_f32);
+    }
+
+    #[test]
+    fn f16_weights_equal_f32_of_rounded_weights() {
+        narrow_weights_equal_f32_of_rounded(half::f16::from_f32);
+    }
+
+    /// The kernels' f16 widening (vcvtph2ps with AVX-512) equals `half`'s on
+    /// every f16 value but NaNs: products with unit activations return each
+    /// weight as the kernel widened it (1 row: small kernel, 5: broadcast).
+    /// Compared as floats: `fma(-0, 1, +0)` is +0.
+    #[test]
+    fn f16_widening_is_exact_for_every_value() {
+        let w: Vec<half::f16> = (0..=u16::MAX)
+            .map(half::f16::from_bits)
+            .filter(|v| !v.is_nan())
+            .collect();
+        let n = w.len();
+        for t in [1, 5] {
+            let mut out = vec![f32::NAN; t * n];
+            matmul_xwt(&vec![1.0; t], t, &w, n, 1, &mut out);
+            for row in out.chunks(n) {
+                for (v, o) in w.iter().zip(row) {
+                    assert!(*o == v.to_f32(), "t={t} f16 {:#06x}: {o}", v.to_bits());
+                }
             }
         }
     }

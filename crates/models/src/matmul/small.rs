@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::{OutPtr, WeightElem};
+use super::{ElemKind, OutPtr, WeightElem};
 
 /// Weight rows per rayon task: two passes of 32.
 const ROWS_PER_TASK: usize = 64;
@@ -101,11 +101,12 @@ unsafe fn passes<W: WeightElem, const T: usize>(
 }
 
 /// `kc <= 16` weights from `p` widened to f32, zero lanes past `kc`. bf16
-/// lanes are zero-extended to 32 bits and shifted up: exact.
+/// lanes are zero-extended to 32 bits and shifted up, f16 lanes converted by
+/// `vcvtph2ps` (AVX-512F): both exact.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn load16<W: WeightElem>(p: *const W, kc: usize, mask: __mmask16) -> __m512 {
-    if !W::BF16 {
+    if W::KIND == ElemKind::F32 {
         return _mm512_maskz_loadu_ps(mask, p.cast::<f32>());
     }
     let bits = if kc == 16 {
@@ -115,6 +116,9 @@ unsafe fn load16<W: WeightElem>(p: *const W, kc: usize, mask: __mmask16) -> __m5
         std::ptr::copy_nonoverlapping(p.cast::<u16>(), tail.as_mut_ptr(), kc);
         _mm256_loadu_si256(tail.as_ptr().cast::<__m256i>())
     };
+    if W::KIND == ElemKind::F16 {
+        return _mm512_cvtph_ps(bits);
+    }
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
 }
 
