@@ -137,6 +137,81 @@ fn make_model_then_generate_text() {
     assert_eq!(s1["token_ids"], s2["token_ids"]);
 }
 
+/// `--dtype` on `generate`: an f16 checkpoint kept in f16 (`auto`,
+/// `float16`) gives the tokens and log-probabilities of the f32 load
+/// (`float32`) of the same file; `bfloat16` casts it and still runs; an
+/// unknown name is refused listing the valid ones.
+#[test]
+fn generate_dtype_keeps_f16_with_the_f32_results() {
+    let d = tempfile::tempdir().unwrap();
+    let model = d.path().join("tiny16");
+    let card = repo().join("models/qwen3-tiny.json");
+    let out = agentd(&[
+        "make-model",
+        "--config",
+        card.to_str().unwrap(),
+        "--out",
+        model.to_str().unwrap(),
+        "--dtype",
+        "float16",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gen = |dtype: &str| {
+        json_of(&agentd(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "Hello, world!",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--top-logprobs",
+            "2",
+            "--json",
+            "--dtype",
+            dtype,
+        ]))
+    };
+    let wide = gen("float32");
+    assert_eq!(wide["token_ids"].as_array().map(Vec::len), Some(6));
+    for dtype in ["auto", "float16"] {
+        let kept = gen(dtype);
+        assert_eq!(kept["token_ids"], wide["token_ids"], "--dtype {dtype}");
+        let lp = |v: &Value| -> Vec<f64> {
+            v["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["logprob"].as_f64().unwrap())
+                .collect()
+        };
+        for (a, b) in lp(&kept).iter().zip(lp(&wide)) {
+            assert!((a - b).abs() < 1e-5, "--dtype {dtype}: logprob {a} vs {b}");
+        }
+    }
+    assert_eq!(
+        gen("bfloat16")["token_ids"].as_array().map(Vec::len),
+        Some(6)
+    );
+    fails_mentioning(
+        &[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--dtype",
+            "int8",
+        ],
+        "float16",
+    );
+}
+
 fn fails_mentioning(args: &[&str], needle: &str) {
     let out = agentd(args);
     assert!(!out.status.success(), "should fail: {args:?}");

@@ -39,6 +39,10 @@ pub struct BenchModelArgs {
     /// Print the results as JSON too.
     #[arg(long)]
     pub json: bool,
+    /// Our runtime's weight dtype (the stock baseline always widens the
+    /// same file's weights to f32).
+    #[command(flatten)]
+    pub dtype: super::dtype::DtypeArg,
 }
 
 #[derive(Serialize, Default, Clone, Copy)]
@@ -177,8 +181,9 @@ fn load_stock(dir: &std::path::Path, family: Family) -> Result<Stock> {
 }
 
 pub fn run(a: BenchModelArgs) -> Result<()> {
-    tracing::info!(model = %a.model.display(), "loading model");
-    let model = Model::load(&a.model)?;
+    let dtype = a.dtype.dtype;
+    tracing::info!(model = %a.model.display(), %dtype, "loading model");
+    let model = Model::load_as(&a.model, dtype)?;
     let vocab = model.config().vocab_size;
     let mut baseline = if a.no_baseline {
         None
@@ -265,5 +270,6 @@ fn clone_args(a: &BenchModelArgs) -> BenchModelArgs {
         block_size: a.block_size,
         no_baseline: a.no_baseline,
         json: a.json,
+        dtype: a.dtype,
     }
 }

@@ -65,6 +65,8 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub dtype: super::dtype::DtypeArg,
 }
 
 #[derive(Serialize)]
@@ -89,8 +91,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         bail!("--block-size and --prefill-chunk must be positive");
     }
     let t0 = Instant::now();
-    tracing::info!(model = %args.model.display(), "loading model");
-    let model = Model::load(&args.model)
+    let dtype = args.dtype.dtype;
+    tracing::info!(model = %args.model.display(), %dtype, "loading model");
+    let model = Model::load_as(&args.model, dtype)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
     let cfg = model.config().clone();
     tracing::info!(
