@@ -34,7 +34,21 @@ enum Command {
     BenchModel(cmd::bench_model::BenchModelArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the subcommand; a failure is one line on stderr (`error: ` and the
+/// chain of causes, outermost first: e.g. the model directory, then the
+/// file and tensor at fault) and exit status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let line = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {line}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

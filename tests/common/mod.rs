@@ -85,3 +85,57 @@ pub fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16,
         .expect("status");
     (status, rest.to_string())
 }
+
+/// `agentd serve --port P <args>` that must fail at startup: waits for it to
+/// exit (at most 120 s), probing P meanwhile, and panics if anything ever
+/// answered there. Returns the exit status and the stderr lines.
+pub fn serve_fails<I, S>(cache: &str, args: I) -> (std::process::ExitStatus, Vec<String>)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    // A port nobody listens on now; the server would bind it once loaded.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(cache);
+    let child = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["serve", "--port", &port.to_string()])
+        .args(args)
+        .env("XDG_CACHE_HOME", &cache)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn agentd serve");
+    let mut p = Proc(child);
+    let stderr = p.0.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(50)).is_ok() {
+            panic!("a server that failed to load answered on port {port}");
+        }
+        if let Some(s) = p.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "agentd serve neither failed nor served"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err(),
+        "port {port} answers after the server exited"
+    );
+    (status, reader.join().expect("stderr reader"))
+}

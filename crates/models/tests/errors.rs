@@ -262,3 +262,51 @@ fn sharded_checkpoint_loads() {
     let msg = load_err(d.path());
     assert!(msg.contains("model-00002-of-00002.safetensors"), "{msg}");
 }
+
+/// `fixture`'s weights with tensor `bad` rewritten in `dtype` (one byte per
+/// element, same shape), into `to/model.safetensors`.
+fn with_tensor_as(fixture: &str, bad: &str, dtype: safetensors::Dtype, to: &Path) {
+    use safetensors::SafeTensors;
+    let src = std::fs::read(fixture_dir(fixture).join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&src).unwrap();
+    let shape = st.tensor(bad).unwrap().shape().to_vec();
+    let bytes = vec![0x38u8; shape.iter().product()];
+    let mut views: Vec<(String, safetensors::tensor::TensorView)> = st
+        .names()
+        .into_iter()
+        .filter(|n| *n != bad)
+        .map(|n| (n.to_owned(), st.tensor(n).unwrap()))
+        .collect();
+    views.push((
+        bad.to_owned(),
+        safetensors::tensor::TensorView::new(dtype, shape, &bytes).unwrap(),
+    ));
+    safetensors::serialize_to_file(views, None, &to.join("model.safetensors")).unwrap();
+}
+
+/// A tensor stored in a dtype the CPU runtime cannot run (int8, fp8) stops
+/// the load with one error naming the file, the tensor and the dtype,
+/// whatever `--dtype` asks for.
+#[test]
+fn a_dtype_the_cpu_cannot_run_names_file_and_tensor() {
+    use agentd_models::LoadDtype;
+    let bad = "model.layers.1.self_attn.k_proj.weight";
+    for dtype in [safetensors::Dtype::I8, safetensors::Dtype::F8_E4M3] {
+        let d = tempfile::tempdir().unwrap();
+        copy_fixture("gqa2-untied", d.path());
+        with_tensor_as("gqa2-untied", bad, dtype, d.path());
+        for load_dtype in [LoadDtype::Auto, LoadDtype::parse("float32").unwrap()] {
+            let msg = match Model::load_as(d.path(), load_dtype) {
+                Ok(_) => panic!("{dtype:?} tensor loaded"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                msg.contains(&d.path().join("model.safetensors").display().to_string())
+                    && msg.contains(bad)
+                    && msg.contains(&format!("{dtype:?}"))
+                    && !msg.contains('\n'),
+                "{msg}"
+            );
+        }
+    }
+}
