@@ -70,30 +70,19 @@ fn serve_new_families_greedy_matches_transformers() {
     }
 }
 
-/// A GLM-4.5 MoE checkpoint whose greedy output is `script` after the
-/// prompt's last token: every layer's output projections are zero (the
+/// A checkpoint of `config`'s family whose greedy output is `script` after
+/// the prompt's last token: every layer's output projections are zero (the
 /// residual stream stays the token's embedding), token `script[i]` embeds
 /// as the unit vector `i` and the head maps unit vector `i` to
 /// `script[i + 1]`, a bigram chain (so `script` must not repeat a token).
-fn scripted_glm45(dir: &std::path::Path, script: &[u32]) {
+/// `config` needs `hidden_size` 32, the Qwen3 vocabulary and an untied head.
+fn scripted(dir: &std::path::Path, config: Value, script: &[u32]) {
     use candle_core::{DType, Device, Tensor};
     let hidden = 32usize;
     assert!(script.len() <= hidden, "script longer than the hidden size");
-    let card = json!({
-        "tokenizer": repo().join("models/qwen3"),
-        "config": {
-            "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
-            "vocab_size": 151936, "hidden_size": hidden, "intermediate_size": 32,
-            "moe_intermediate_size": 16, "n_routed_experts": 4, "n_shared_experts": 1,
-            "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
-            "routed_scaling_factor": 1.0, "norm_topk_prob": true, "first_k_dense_replace": 1,
-            "use_qk_norm": false, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "num_key_value_heads": 1, "head_dim": 16, "partial_rotary_factor": 0.5,
-            "attention_bias": true, "max_position_embeddings": 4096, "rope_theta": 10000,
-            "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "float32",
-            "bos_token_id": 151643, "eos_token_id": 151645
-        }
-    });
+    let mut seen = std::collections::HashSet::new();
+    assert!(script.iter().all(|t| seen.insert(*t)), "{script:?} repeats");
+    let card = json!({"tokenizer": repo().join("models/qwen3"), "config": config});
     let card_path = dir.join("card.json");
     std::fs::write(&card_path, card.to_string()).unwrap();
     let card = agentd_models::synth::ModelCard::from_file(&card_path).unwrap();
@@ -122,39 +111,61 @@ fn scripted_glm45(dir: &std::path::Path, script: &[u32]) {
     candle_core::safetensors::save(&tensors, &file).unwrap();
 }
 
-/// GLM-4.5's tool-call text, written by a GLM-4.5 MoE model over a real
-/// socket, comes back as OpenAI `tool_calls` (the family's default `glm45`
-/// parsers), whole and streamed.
-#[test]
-fn serve_glm45_tool_call_text_becomes_tool_calls() {
-    let dir = tempfile::tempdir().unwrap();
+/// The fields every scripted config shares (Qwen3's vocabulary and tokens).
+fn scripted_config(family: Value) -> Value {
+    let mut c = json!({
+        "vocab_size": 151936, "hidden_size": 32, "intermediate_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 16, "max_position_embeddings": 4096, "rope_theta": 10000,
+        "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "float32",
+        "bos_token_id": 151643, "eos_token_id": 151645
+    });
+    c.as_object_mut()
+        .unwrap()
+        .extend(family.as_object().unwrap().clone());
+    c
+}
+
+/// A GLM-4.5 MoE checkpoint whose greedy output is `script`.
+fn scripted_glm45(dir: &std::path::Path, script: &[u32]) {
+    let config = scripted_config(json!({
+        "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+        "moe_intermediate_size": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+        "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+        "routed_scaling_factor": 1.0, "norm_topk_prob": true, "first_k_dense_replace": 1,
+        "use_qk_norm": false, "partial_rotary_factor": 0.5, "attention_bias": true
+    }));
+    scripted(dir, config, script);
+}
+
+/// The script that writes `text` after the generation prompt (`\n`) and
+/// then EOS.
+fn script_of(dir: &std::path::Path, text: &str) -> Vec<u32> {
     std::fs::copy(
         repo().join("models/qwen3/tokenizer.json"),
-        dir.path().join("tokenizer.json"),
+        dir.join("tokenizer.json"),
     )
     .unwrap();
-    let tok = agentd_models::Tokenizer::from_dir(dir.path()).unwrap();
-    let text = "<think>hm</think><tool_call>ping</tool_call>";
+    let tok = agentd_models::Tokenizer::from_dir(dir).unwrap();
     let mut script = vec![198]; // "\n": the generation prompt's last token
     script.extend(tok.encode(text, false).unwrap());
     script.push(151645); // <|im_end|>: EOS
-    let mut seen = std::collections::HashSet::new();
-    assert!(script.iter().all(|t| seen.insert(*t)), "{script:?} repeats");
-    scripted_glm45(dir.path(), &script);
+    script
+}
 
-    let (_server, addr, _logs) = spawn_serve(
-        "serve-families-glm45-tools",
-        [dir.path().to_str().unwrap(), "--num-kv-blocks", "64"],
-    );
+/// A chat request offering the tool `ping` to the model served at `addr`
+/// comes back, whole and streamed, with reasoning "hm", no content and one
+/// call of `ping` with arguments `{}`.
+fn assert_ping_tool_call(addr: &str, model: &str) {
     let mut body = json!({
-        "model": dir.path().file_name().unwrap().to_str().unwrap(),
+        "model": model,
         "messages": [{"role": "user", "content": "ping?"}],
         "tools": [{"type": "function", "function": {"name": "ping",
             "parameters": {"type": "object", "properties": {}}}}],
-        "max_tokens": 16,
+        "max_tokens": 20,
         "temperature": 0.0,
     });
-    let (status, text) = http(&addr, "POST", "/v1/chat/completions", Some(&body));
+    let (status, text) = http(addr, "POST", "/v1/chat/completions", Some(&body));
     assert_eq!(status, 200, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     let msg = &v["choices"][0]["message"];
@@ -170,9 +181,10 @@ fn serve_glm45_tool_call_text_becomes_tool_calls() {
         Some(1),
         "{text}"
     );
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{text}");
 
     body["stream"] = json!(true);
-    let (status, sse) = http(&addr, "POST", "/v1/chat/completions", Some(&body));
+    let (status, sse) = http(addr, "POST", "/v1/chat/completions", Some(&body));
     assert_eq!(status, 200, "{sse}");
     let (mut name, mut args, mut reasoning) = (String::new(), String::new(), String::new());
     for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
@@ -192,6 +204,68 @@ fn serve_glm45_tool_call_text_becomes_tool_calls() {
         ("hm", "ping", "{}"),
         "{sse}"
     );
+}
+
+/// GLM-4.5's tool-call text, written by a GLM-4.5 MoE model over a real
+/// socket, comes back as OpenAI `tool_calls` (the family's default `glm45`
+/// parsers), whole and streamed.
+#[test]
+fn serve_glm45_tool_call_text_becomes_tool_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = script_of(dir.path(), "<think>hm</think><tool_call>ping</tool_call>");
+    scripted_glm45(dir.path(), &script);
+    let (_server, addr, _logs) = spawn_serve(
+        "serve-families-glm45-tools",
+        [dir.path().to_str().unwrap(), "--num-kv-blocks", "64"],
+    );
+    assert_ping_tool_call(&addr, dir.path().file_name().unwrap().to_str().unwrap());
+}
+
+/// Qwen3-MoE (Qwen3-30B-A3B's chat template writes Hermes tool calls; vLLM
+/// serves it with `--tool-call-parser hermes --reasoning-parser qwen3`) and
+/// GLM-4-0414 (vLLM has no parser for its native `name\n{json}` calls, see
+/// `crates/chat/src/formats.rs`) default to `hermes` / `qwen3`: a scripted
+/// model of each family writing a Hermes call over a real socket gets
+/// `tool_calls`, whole and streamed, and the family's parsers are logged.
+#[test]
+fn serve_qwen3_moe_and_glm4_tool_calls_are_hermes() {
+    let families = [
+        (
+            "qwen3moe",
+            json!({
+                "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "attention_bias": false
+            }),
+        ),
+        (
+            "glm4",
+            json!({
+                "architectures": ["Glm4ForCausalLM"], "model_type": "glm4",
+                "partial_rotary_factor": 0.5, "attention_bias": true
+            }),
+        ),
+    ];
+    for (name, family) in families {
+        let dir = tempfile::tempdir().unwrap();
+        let script = script_of(
+            dir.path(),
+            r#"<think>hm</think><tool_call>{"name":"ping","arguments":{}}</tool_call>"#,
+        );
+        scripted(dir.path(), scripted_config(family), &script);
+        let (_server, addr, logs) = spawn_serve(
+            &format!("serve-families-{name}-tools"),
+            [dir.path().to_str().unwrap(), "--num-kv-blocks", "64"],
+        );
+        let log: Vec<String> = logs.try_iter().collect();
+        assert!(
+            log.iter()
+                .any(|l| l.contains("tool-call parser hermes, reasoning parser qwen3")),
+            "{name}: family default not logged: {log:?}"
+        );
+        assert_ping_tool_call(&addr, dir.path().file_name().unwrap().to_str().unwrap());
+    }
 }
 
 /// The GLM-4.5 MoE family gets vLLM's `glm45` parsers by default; an

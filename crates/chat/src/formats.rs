@@ -82,14 +82,30 @@ pub struct OutputFormat {
 }
 
 impl OutputFormat {
-    /// The format of a model family (`config.json` `model_type`): GLM-4.5
-    /// MoE (`glm4_moe`) writes GLM tool calls; everything else here writes
-    /// Hermes/Qwen3 ones.
+    /// The format of a model family (`config.json` `model_type`), as the
+    /// parsers one serves it with in vLLM (0.32 has no per-family default:
+    /// `--tool-call-parser` is required with `--enable-auto-tool-choice`):
+    ///
+    /// - `glm4_moe` (GLM-4.5/4.6/4.7): `glm45` / `glm45` (vLLM's `glm45` and
+    ///   `glm47` are one parser, `Glm47MoeModelToolParser`).
+    /// - `qwen3`, `qwen3_moe` (Qwen3, Qwen3-30B-A3B): `hermes` / `qwen3`, the
+    ///   `<tool_call>{json}</tool_call>` their chat templates ask for (vLLM's
+    ///   `qwen3_json` is an alias of `hermes`). Qwen3-Coder, also
+    ///   `qwen3_moe`, writes XML calls (vLLM's `qwen3_coder`, not here):
+    ///   pass the flag.
+    /// - `glm4` (GLM-4-0414): its template asks for the call as the function
+    ///   name, a newline and the JSON arguments right after `<|assistant|>`,
+    ///   a format no vLLM parser reads; `hermes` / `qwen3` parse a checkpoint
+    ///   whose template asks for Hermes calls, and GLM-Z1-0414's `<think>`.
     pub fn for_model_type(model_type: &str) -> Self {
         match model_type {
             "glm4_moe" => OutputFormat {
                 tool: ToolParser::Glm45,
                 reasoning: ReasoningParser::Glm45,
+            },
+            "qwen3" | "qwen3_moe" | "glm4" => OutputFormat {
+                tool: ToolParser::Hermes,
+                reasoning: ReasoningParser::Qwen3,
             },
             _ => OutputFormat::default(),
         }
@@ -147,6 +163,14 @@ mod tests {
     fn names_and_family_defaults() {
         let glm = OutputFormat::resolve("glm4_moe", None, None).expect("valid");
         assert_eq!(glm.tool, ToolParser::Glm45);
+        for family in ["qwen3", "qwen3_moe", "glm4"] {
+            let f = OutputFormat::resolve(family, None, None).expect("valid");
+            assert_eq!(
+                (f.tool, f.reasoning),
+                (ToolParser::Hermes, ReasoningParser::Qwen3),
+                "{family}"
+            );
+        }
         let qwen = OutputFormat::resolve("qwen3", Some("glm47"), Some("glm45")).expect("valid");
         assert!(qwen.is_glm());
         assert!(OutputFormat::resolve("qwen3", Some("glm45"), None).is_err());
