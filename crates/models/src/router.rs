@@ -127,6 +127,7 @@ mod tests {
             router,
             n_shared_experts: 0,
             dense_layers: DenseLayers::FirstK(0),
+            num_nextn_predict_layers: 0,
         }
     }
 

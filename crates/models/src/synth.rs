@@ -111,6 +111,14 @@ pub fn tensor_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
     if !cfg.tie_word_embeddings {
         s.weight("lm_head.weight", vec![vocab, hid]);
     }
+    // Last, so that the other tensors' random streams (by index) are those
+    // of the same card without MTP layers.
+    if cfg.family == Family::Glm4Moe {
+        let n = cfg.moe.as_ref().map_or(0, |m| m.num_nextn_predict_layers);
+        for i in 0..n {
+            crate::glm4_moe::mtp_layer_specs(cfg, cfg.num_hidden_layers + i, &mut s);
+        }
+    }
     s.0
 }
 

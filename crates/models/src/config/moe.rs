@@ -49,6 +49,11 @@ pub struct MoeConfig {
     /// `n_shared_experts * moe_intermediate_size`.
     pub n_shared_experts: usize,
     pub dense_layers: DenseLayers,
+    /// GLM-4.5's multi-token-prediction layers (`num_nextn_predict_layers`,
+    /// transformers 5's `num_mtp_layers`), stored after the decoder layers
+    /// as `model.layers.{num_hidden_layers + i}`: written by `make-model`,
+    /// never loaded (the runtime does not speculate). 0 when absent.
+    pub num_nextn_predict_layers: usize,
 }
 
 impl MoeConfig {
@@ -71,6 +76,7 @@ impl MoeConfig {
                     decoder_sparse_step: f.opt_usize("decoder_sparse_step")?.unwrap_or(1),
                     mlp_only_layers: f.usize_list("mlp_only_layers")?,
                 },
+                num_nextn_predict_layers: 0,
             },
             Family::Glm4Moe => MoeConfig {
                 num_experts: f.usize("n_routed_experts")?,
@@ -86,6 +92,12 @@ impl MoeConfig {
                 dense_layers: DenseLayers::FirstK(
                     f.opt_usize("first_k_dense_replace")?.unwrap_or(1),
                 ),
+                // transformers defaults `num_mtp_layers` to 1; a config that
+                // names neither has no MTP tensors to skip or write.
+                num_nextn_predict_layers: match f.opt_usize("num_nextn_predict_layers")? {
+                    Some(n) => n,
+                    None => f.opt_usize("num_mtp_layers")?.unwrap_or(0),
+                },
             },
         };
         cfg.check(f)?;
@@ -173,6 +185,10 @@ impl MoeConfig {
                 set("n_routed_experts", self.num_experts.into());
                 set("first_k_dense_replace", (*k).into());
                 set("n_shared_experts", self.n_shared_experts.into());
+                set(
+                    "num_nextn_predict_layers",
+                    self.num_nextn_predict_layers.into(),
+                );
             }
         }
         if let RouterKind::GroupedSigmoid {
