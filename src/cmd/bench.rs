@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentd_bench::{
-    report, run_sweep, BenchWorkload, CountArg, LevelRow, Mode, RunConfig, SweepConfig, Target,
-    ToolTime,
+    report, run_sweep, BenchWorkload, CountArg, LevelRow, Mode, RunConfig, SessionFinal,
+    SweepConfig, Target, ToolTime,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -17,8 +17,20 @@ use serde_json::json;
 pub struct BenchArgs {
     /// NAME=URL of an OpenAI-compatible server; repeat for several (run one
     /// after another; the first is the baseline of the ratios).
-    #[arg(long = "target", required = true)]
+    #[arg(long = "target", required_unless_present = "dynamo_targets")]
     targets: Vec<Target>,
+    /// NAME=URL of an NVIDIA Dynamo frontend (run after the --target ones):
+    /// programs as Dynamo sessions (x-dynamo-session-id), token ids from
+    /// nvext.engine_data (the frontend refuses return_token_ids), the
+    /// serving worker of each step from nvext.worker_id (rows' `placement`).
+    #[arg(long = "dynamo-target")]
+    dynamo_targets: Vec<Target>,
+    /// How a program's end reaches a Dynamo target: last-turn (the final
+    /// header on its last call: the worker releases it), terminal (a
+    /// separate one-token final request, what dynamo.thunderagent_router
+    /// expects) or none.
+    #[arg(long, default_value = "last-turn")]
+    dynamo_final: SessionFinal,
     /// Workload preset (as in `agentd simulate`): swe or toolorch.
     #[arg(long, default_value = "swe")]
     workload: BenchWorkload,
@@ -137,6 +149,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--duration-s and --request-timeout-s must be > 0");
     }
     let workload = args.workload();
+    let targets: Vec<Target> = args
+        .targets
+        .iter()
+        .cloned()
+        .chain(args.dynamo_targets.iter().map(|t| Target {
+            dynamo: Some(args.dynamo_final),
+            ..t.clone()
+        }))
+        .collect();
     let warmup_s = args.warmup_s.unwrap_or(args.duration_s * 0.2);
     let run_id = format!(
         "bench-{:x}",
@@ -180,11 +201,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let rows: Vec<LevelRow> = runtime.block_on(run_sweep(&args.targets, &cfg));
+    let rows: Vec<LevelRow> = runtime.block_on(run_sweep(&targets, &cfg));
     let load_end = load_avg();
     println!("{description}");
     print!("{}", report::table(&rows).render());
-    if args.targets.len() > 1 {
+    if targets.len() > 1 {
         println!("steps/min ratios between targets:");
         print!("{}", report::pair_ratios(&rows).render());
     }
@@ -196,7 +217,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "rows": rows,
             "workload": description,
             "config": {
-                "targets": args.targets.iter().map(|t| json!({"name": t.name, "url": t.url})).collect::<Vec<_>>(),
+                "targets": targets.iter().map(|t| json!({"name": t.name, "url": t.url,
+                    "dynamo_final": t.dynamo.map(|f| format!("{f:?}"))})).collect::<Vec<_>>(),
                 "concurrency": args.concurrency,
                 "duration_s": args.duration_s,
                 "warmup_s": warmup_s,

@@ -8,6 +8,14 @@
 //! and agentd both honour (`choices[0].token_ids`, per chunk when
 //! streaming). A server that ignores it is reported as an error rather than
 //! silently measured on a prompt it never cached.
+//!
+//! An NVIDIA Dynamo frontend refuses `return_token_ids`; for such a target
+//! ([`Client::dynamo`]) the request asks `nvext.extra_fields:
+//! ["engine_data", "worker_id"]` instead: the final chunk's
+//! `nvext.engine_data.completion_token_ids` are the generated ids (what
+//! Dynamo's own workers return to RL clients), and `nvext.worker_id` names
+//! the worker that served the step. The program travels as Dynamo's session
+//! headers (`x-dynamo-session-id`, `x-dynamo-session-final`), not in the body.
 
 use std::time::{Duration, Instant};
 
@@ -51,6 +59,35 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// How a program's end reaches a Dynamo frontend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionFinal {
+    /// `x-dynamo-session-final: true` on the program's last model call: the
+    /// KV router forwards it and the worker (agentd) releases the program
+    /// after that call.
+    LastTurn,
+    /// A separate one-token request with the final header after the last
+    /// call: `dynamo.thunderagent_router` answers it itself (it never
+    /// forwards a final request) and drops the program from its table.
+    Terminal,
+    /// No final flag (programs end by the servers' leases).
+    Never,
+}
+
+impl std::str::FromStr for SessionFinal {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "last-turn" => Ok(SessionFinal::LastTurn),
+            "terminal" => Ok(SessionFinal::Terminal),
+            "none" => Ok(SessionFinal::Never),
+            o => Err(format!(
+                "session final {o:?}: expected last-turn, terminal or none"
+            )),
+        }
+    }
+}
+
 /// One model call's answer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepReply {
@@ -64,6 +101,8 @@ pub struct StepReply {
     pub cached_tokens: Option<usize>,
     /// Time to the first generated token, when streaming.
     pub ttft_s: Option<f64>,
+    /// The Dynamo worker that served it (`nvext.worker_id.decode_worker_id`).
+    pub worker: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -73,6 +112,9 @@ pub struct Client {
     pub model: String,
     pub stream: bool,
     timeout: Duration,
+    /// The target is a Dynamo frontend: session headers, `nvext` token ids,
+    /// and how programs end.
+    pub dynamo: Option<SessionFinal>,
 }
 
 /// What the body of a turn carries.
@@ -99,6 +141,7 @@ impl Client {
             model: String::new(),
             stream,
             timeout,
+            dynamo: None,
         })
     }
 
@@ -197,49 +240,98 @@ impl Client {
         }
     }
 
-    /// One model call generating exactly `max_tokens` tokens.
+    /// One model call generating exactly `max_tokens` tokens; `last` marks
+    /// the program's last call.
     pub async fn step(
         &self,
         program_id: &str,
         prompt: Prompt<'_>,
         max_tokens: usize,
+        last: bool,
     ) -> Result<StepReply, ClientError> {
+        let tokens = matches!(prompt, Prompt::Tokens(_));
         let (path, mut body) = match prompt {
-            Prompt::Tokens(ids) => (
-                "/v1/completions",
-                json!({"prompt": ids, "return_token_ids": true}),
-            ),
+            Prompt::Tokens(ids) => ("/v1/completions", json!({ "prompt": ids })),
             Prompt::Chat(messages) => (
                 "/v1/chat/completions",
                 json!({"messages": messages,
                        "chat_template_kwargs": {"enable_thinking": false}}),
             ),
         };
-        let tokens = matches!(prompt, Prompt::Tokens(_));
         if let Some(b) = body.as_object_mut() {
             b.insert("model".into(), json!(self.model));
             b.insert("max_tokens".into(), json!(max_tokens));
             b.insert("ignore_eos".into(), json!(true));
             b.insert("temperature".into(), json!(0));
-            b.insert("program_id".into(), json!(program_id));
+            if self.dynamo.is_some() {
+                let fields = if tokens {
+                    json!(["engine_data", "worker_id"])
+                } else {
+                    json!(["worker_id"])
+                };
+                b.insert("nvext".into(), json!({ "extra_fields": fields }));
+            } else {
+                b.insert("program_id".into(), json!(program_id));
+                if tokens {
+                    b.insert("return_token_ids".into(), json!(true));
+                }
+            }
             if self.stream {
                 b.insert("stream".into(), json!(true));
                 b.insert("stream_options".into(), json!({"include_usage": true}));
             }
         }
+        let final_header = last && self.dynamo == Some(SessionFinal::LastTurn);
+        self.send(path, program_id, &body, final_header, tokens, max_tokens)
+            .await
+    }
+
+    /// Ends a program on a Dynamo frontend in [`SessionFinal::Terminal`]
+    /// mode: a one-token request carrying the final header. Failures are
+    /// logged, not counted (like [`Client::release`]).
+    pub async fn end_session(&self, program_id: &str, first_token: u32) {
+        if self.dynamo != Some(SessionFinal::Terminal) {
+            return;
+        }
+        let body = json!({"model": self.model, "prompt": [first_token], "max_tokens": 1});
+        if let Err(e) = self
+            .send("/v1/completions", program_id, &body, true, false, 1)
+            .await
+        {
+            tracing::debug!(error = %e, program_id, "terminal session request failed");
+        }
+    }
+
+    async fn send(
+        &self,
+        path: &str,
+        program_id: &str,
+        body: &Value,
+        final_header: bool,
+        tokens: bool,
+        max_tokens: usize,
+    ) -> Result<StepReply, ClientError> {
         let url = format!("{}{path}", self.base);
         let started = Instant::now();
-        let mut resp = self
+        let mut req = self
             .http
             .post(&url)
             .header("content-type", "application/json")
-            .header("x-session-id", program_id)
+            .header("x-session-id", program_id);
+        if self.dynamo.is_some() {
+            req = req.header("x-dynamo-session-id", program_id);
+            if final_header {
+                req = req.header("x-dynamo-session-final", "true");
+            }
+        }
+        let mut resp = req
             .body(body.to_string())
             .send()
             .await
             .map_err(|e| self.err(&url, e))?;
         let status = resp.status().as_u16();
-        if status != 200 || !self.stream {
+        let streamed = body["stream"].as_bool() == Some(true);
+        if status != 200 || !streamed {
             let text = resp.text().await.map_err(|e| self.err(&url, e))?;
             if status != 200 {
                 return Err(ClientError::Status {
@@ -335,6 +427,18 @@ fn absorb(reply: &mut StepReply, v: &Value) {
             }
         }
     }
+    // Dynamo: the whole list of generated ids on the final chunk.
+    let nvext = &v["nvext"];
+    if let Some(ids) = nvext["engine_data"]["completion_token_ids"].as_array() {
+        reply.token_ids = ids
+            .iter()
+            .filter_map(|t| t.as_u64())
+            .map(|t| t as u32)
+            .collect();
+    }
+    if let Some(w) = nvext["worker_id"]["decode_worker_id"].as_u64() {
+        reply.worker = Some(w);
+    }
     let usage = &v["usage"];
     if usage.is_object() {
         reply.prompt_tokens = usage["prompt_tokens"].as_u64().unwrap_or(0) as usize;
@@ -355,7 +459,8 @@ fn finish(
         return Err(ClientError::Protocol {
             url: url.to_string(),
             msg: "no choices[0].token_ids in the answer: the server must support \
-                  \"return_token_ids\" (vLLM >= 0.10.2, agentd) for token mode; \
+                  \"return_token_ids\" (vLLM >= 0.10.2, agentd) for token mode, or \
+                  nvext.engine_data (a Dynamo frontend: --dynamo-target); \
                   use --mode chat otherwise"
                 .into(),
         });
@@ -431,6 +536,37 @@ mod tests {
         assert_eq!(r.cached_tokens, None);
         assert_eq!(r.text, "hi");
         assert!(finish(r, true, 1, "u").is_err(), "token mode needs ids");
+    }
+
+    #[test]
+    fn absorbs_dynamo_engine_data_and_worker() {
+        // Shapes of Dynamo 1.6.1's frontend: per-chunk text, the worker on
+        // every chunk, the generated ids on the final one.
+        let mut r = StepReply::default();
+        let w = json!({"prefill_worker_id": 7, "decode_worker_id": 7});
+        absorb(
+            &mut r,
+            &json!({"choices":[{"text":"a","index":0}],"nvext":{"worker_id":w}}),
+        );
+        absorb(
+            &mut r,
+            &json!({"choices":[{"text":"b","index":0,"finish_reason":"length"}],
+                    "nvext":{"worker_id":w,"engine_data":{"completion_token_ids":[11,12],"finished":true}}}),
+        );
+        absorb(
+            &mut r,
+            &json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}),
+        );
+        assert_eq!(r.token_ids, vec![11, 12]);
+        assert_eq!(r.worker, Some(7));
+        assert_eq!(r.text, "ab");
+        let r = finish(r, true, 2, "u").expect("ids present");
+        assert_eq!(r.completion_tokens, 2);
+        assert_eq!(
+            "terminal".parse::<SessionFinal>(),
+            Ok(SessionFinal::Terminal)
+        );
+        assert!("sometimes".parse::<SessionFinal>().is_err());
     }
 
     #[test]

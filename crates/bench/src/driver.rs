@@ -244,10 +244,18 @@ async fn worker(sh: Arc<Shared>) {
             .plan(program_stream(sh.cfg.seed, sh.concurrency as u64, idx));
         let pid = format!("{}-c{}-p{idx}", sh.cfg.run_id, sh.concurrency);
         let ok = tokio::select! {
-            r = run_program(&sh, &pid, &plan) => Some(r),
+            r = run_program(&sh, idx, &pid, &plan) => Some(r),
             _ = sh.stop_signal() => None,
         };
-        sh.client.release(&pid).await;
+        if sh.client.dynamo.is_some() {
+            // A Dynamo frontend has no release route: the session's final
+            // flag ends the program (on its last turn, or here).
+            if let Some(&first) = sh.system.first() {
+                sh.client.end_session(&pid, first).await;
+            }
+        } else {
+            sh.client.release(&pid).await;
+        }
         match ok {
             Some(true) => {
                 sh.programs_finished.fetch_add(1, Ordering::Relaxed);
@@ -265,7 +273,7 @@ async fn worker(sh: Arc<Shared>) {
 }
 
 /// Runs the program's turns; false on the first failed step.
-async fn run_program(sh: &Shared, pid: &str, plan: &ProgramPlan) -> bool {
+async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan) -> bool {
     let block = sh.cfg.block_size;
     let mut context: Vec<u32> = Vec::new();
     let mut messages: Vec<Value> = Vec::new();
@@ -275,7 +283,8 @@ async fn run_program(sh: &Shared, pid: &str, plan: &ProgramPlan) -> bool {
     }
     // Prompt tokens of the previous context an unlimited cache would keep.
     let mut own = 0usize;
-    for turn in &plan.turns {
+    for (i, turn) in plan.turns.iter().enumerate() {
+        let last = i + 1 == plan.turns.len();
         let seen = sh.system_seen.swap(true, Ordering::Relaxed);
         let shared = if seen {
             sh.cfg.workload.system_tokens
@@ -287,13 +296,13 @@ async fn run_program(sh: &Shared, pid: &str, plan: &ProgramPlan) -> bool {
             Mode::Tokens => {
                 context.extend_from_slice(&turn.appended);
                 sh.client
-                    .step(pid, Prompt::Tokens(&context), turn.output_tokens)
+                    .step(pid, Prompt::Tokens(&context), turn.output_tokens, last)
                     .await
             }
             Mode::Chat => {
                 messages.push(json!({"role": "user", "content": text_for(&turn.appended)}));
                 sh.client
-                    .step(pid, Prompt::Chat(&messages), turn.output_tokens)
+                    .step(pid, Prompt::Chat(&messages), turn.output_tokens, last)
                     .await
             }
         };
@@ -335,6 +344,8 @@ async fn run_program(sh: &Shared, pid: &str, plan: &ProgramPlan) -> bool {
                 cached_tokens: reply.cached_tokens,
                 ideal_hit_tokens: ideal,
                 ttft_s: reply.ttft_s,
+                program: idx,
+                worker: reply.worker,
             });
         }
         own = prompt_tokens + reply.completion_tokens.saturating_sub(1);

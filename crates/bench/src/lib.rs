@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-pub use client::{Client, ClientError, Mode};
+pub use client::{Client, ClientError, Mode, SessionFinal};
 pub use dist::{Count, CountArg, ToolTime};
 pub use driver::RunConfig;
 pub use result::LevelRow;
@@ -39,6 +39,8 @@ pub use workload::BenchWorkload;
 pub struct Target {
     pub name: String,
     pub url: String,
+    /// An NVIDIA Dynamo frontend (see [`client`]): how its programs end.
+    pub dynamo: Option<SessionFinal>,
 }
 
 impl std::str::FromStr for Target {
@@ -53,6 +55,7 @@ impl std::str::FromStr for Target {
         Ok(Target {
             name: name.to_string(),
             url: url.trim_end_matches('/').to_string(),
+            dynamo: None,
         })
     }
 }
@@ -97,6 +100,7 @@ pub async fn run_sweep(targets: &[Target], cfg: &SweepConfig) -> Vec<LevelRow> {
                 continue;
             }
         };
+        client.dynamo = t.dynamo;
         let model = match &cfg.model {
             Some(m) => Ok(m.clone()),
             None => client
@@ -132,6 +136,15 @@ pub async fn run_sweep(targets: &[Target], cfg: &SweepConfig) -> Vec<LevelRow> {
                 row.p99_step_s,
                 row.errors
             ));
+            if let Some(p) = &row.placement {
+                say(
+                    &bar,
+                    format!(
+                        "{} c={}: steps per worker {:?}, programs per worker {:?}, {} programs split across workers",
+                        row.target, row.concurrency, p.steps, p.programs, p.split_programs
+                    ),
+                );
+            }
             let stop = row.aborted;
             rows.push(row);
             if stop {
@@ -169,6 +182,7 @@ mod tests {
         let t: Target = "vllm=http://127.0.0.1:8000/".parse().unwrap();
         assert_eq!(t.name, "vllm");
         assert_eq!(t.url, "http://127.0.0.1:8000");
+        assert_eq!(t.dynamo, None);
         assert!("nourl".parse::<Target>().is_err());
         assert!("a=ftp://x".parse::<Target>().is_err());
         assert!("=http://x".parse::<Target>().is_err());

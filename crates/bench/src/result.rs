@@ -1,5 +1,7 @@
 //! Per-step samples and the summary row of one level.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -14,6 +16,51 @@ pub struct Sample {
     pub cached_tokens: Option<usize>,
     pub ideal_hit_tokens: usize,
     pub ttft_s: Option<f64>,
+    /// The program's index in the level.
+    pub program: u64,
+    /// The worker that served it, when a Dynamo frontend says
+    /// (`nvext.worker_id`).
+    pub worker: Option<u64>,
+}
+
+/// Where a Dynamo frontend sent the window's steps.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Placement {
+    /// Steps per worker id.
+    pub steps: BTreeMap<String, usize>,
+    /// Programs per worker id (a split program counts on each).
+    pub programs: BTreeMap<String, usize>,
+    /// Programs whose steps landed on more than one worker (session
+    /// affinity broken).
+    pub split_programs: usize,
+}
+
+impl Placement {
+    /// `None` when no step named its worker (not a Dynamo target).
+    pub fn of(samples: &[Sample]) -> Option<Placement> {
+        let mut by_program: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+        let mut steps: BTreeMap<String, usize> = BTreeMap::new();
+        for s in samples {
+            let Some(w) = s.worker else { continue };
+            *steps.entry(w.to_string()).or_default() += 1;
+            by_program.entry(s.program).or_default().insert(w);
+        }
+        if steps.is_empty() {
+            return None;
+        }
+        let mut programs: BTreeMap<String, usize> = BTreeMap::new();
+        for ws in by_program.values() {
+            for w in ws {
+                *programs.entry(w.to_string()).or_default() += 1;
+            }
+        }
+        let split_programs = by_program.values().filter(|ws| ws.len() > 1).count();
+        Some(Placement {
+            steps,
+            programs,
+            split_programs,
+        })
+    }
 }
 
 /// One (target, concurrency) result: the JSON row.
@@ -49,6 +96,9 @@ pub struct LevelRow {
     /// The level was stopped by errors (or the target was unreachable).
     pub aborted: bool,
     pub error_messages: Vec<String>,
+    /// Dynamo targets: the workers that served the steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -145,6 +195,7 @@ impl LevelRow {
             pauses: get("pauses"),
             aborted,
             error_messages,
+            placement: Placement::of(samples),
         }
     }
 }
@@ -164,6 +215,8 @@ mod tests {
             cached_tokens: Some(cached),
             ideal_hit_tokens: ideal,
             ttft_s: Some(lat_ms as f64 / 2000.0),
+            program: 0,
+            worker: None,
         }
     }
 
@@ -213,5 +266,24 @@ mod tests {
         }
         let f = LevelRow::failed("b", 4, "down".into());
         assert!(f.aborted && f.errors == 1 && f.steps_per_min == 0.0);
+        assert!(r.placement.is_none() && v.get("placement").is_none());
+    }
+
+    #[test]
+    fn placement_counts_workers_and_split_programs() {
+        let t0 = Instant::now();
+        let on = |program, worker| Sample {
+            program,
+            worker: Some(worker),
+            ..sample(t0, 100, 10, 0, 0)
+        };
+        // Programs 0 and 1 stay on their workers; program 2 moves.
+        let s = vec![on(0, 7), on(0, 7), on(1, 9), on(2, 7), on(2, 9)];
+        let p = Placement::of(&s).expect("workers named");
+        assert_eq!(p.steps["7"], 3);
+        assert_eq!(p.steps["9"], 2);
+        assert_eq!(p.programs["7"], 2);
+        assert_eq!(p.programs["9"], 2);
+        assert_eq!(p.split_programs, 1);
     }
 }
