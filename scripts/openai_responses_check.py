@@ -5,7 +5,8 @@ Usage: python scripts/openai_responses_check.py http://127.0.0.1:8000/v1
 Checks responses.create / retrieve / delete, responses.stream (events and the
 accumulated snapshot), a 3-turn tool loop through `previous_response_id` whose
 later turns reuse the chain's KV (cached tokens >= the previous turn's prompt),
-and an Agents SDK run with a function tool. Exits non-zero on the first failure.
+and an Agents SDK run whose forced function tool runs and whose output is fed back
+to the next model turn. Exits non-zero on the first failure.
 """
 
 import asyncio
@@ -80,35 +81,57 @@ except openai.NotFoundError:
 print("delete:", deleted)
 
 
-# --- the OpenAI Agents SDK's default model class with a function tool.
+# --- the OpenAI Agents SDK's default model class with a function tool: the
+# first turn must call it (tool_choice "required", enforced by the grammar),
+# the SDK runs it and feeds its output back in the next turn's input (the SDK
+# resets tool_choice to auto after a tool ran), and that turn answers.
 async def agents_run():
+    from typing import Literal
+
     from agents import (Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool,
                         set_tracing_disabled)
+    from agents.items import ToolCallItem, ToolCallOutputItem
 
     set_tracing_disabled(True)
     ran = []
+    listing = "README.md src/ Cargo.toml"
 
     @function_tool
-    def list_files(path: str) -> str:
+    def list_files(path: Literal["src", "tests"]) -> str:
         """List the files under a path."""
         ran.append(path)
-        return "README.md src/ Cargo.toml"
+        return listing
 
+    # The random-weight model rarely ends a turn by itself, and the Agents
+    # SDK refuses an `incomplete` (max_output_tokens) response: stop strings
+    # end its text turns. None of them occurs in the forced call
+    # (`<tool_call>\n{"name": "list_files", "arguments": {"path": "src"}}\n</tool_call>`,
+    # the path an enum), so the call is never cut. Greedy: the run is the
+    # same every time.
+    stops = ["\n\n", "x", "z", "q", "k", "w", "y", "v", "b", "d", "j", "0", "1", "2", "3", "4", "5"]
     agent = Agent(
         name="agent", instructions="You are a coding agent.", tools=[list_files],
         model=OpenAIResponsesModel(model=model, openai_client=openai.AsyncOpenAI(
             base_url=base, api_key="unused")),
-        # The random-weight model rarely ends a turn by itself, and the Agents
-        # SDK refuses an `incomplete` (max_output_tokens) response: stop
-        # strings end its turns (greedy, so the run is the same every time).
-        model_settings=ModelSettings(max_tokens=16, temperature=0, extra_body={
-            "stop": ["\n", " ", ".", ",", "e", "a", "t", "o", "i", "s", "n", "r"]}),
+        model_settings=ModelSettings(max_tokens=32, temperature=0, tool_choice="required",
+                                     extra_body={"stop": stops}),
     )
     result = await Runner.run(agent, "List the files in the repository.", max_turns=4)
-    assert result.raw_responses, result
-    for resp in result.raw_responses:
-        assert resp.usage.input_tokens > 0, resp.usage
-    print("agents:", len(result.raw_responses), "model turns,", len(ran), "tool runs")
+    calls = [i for i in result.new_items if isinstance(i, ToolCallItem)]
+    outputs = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    assert ran and ran[0] in ("src", "tests"), ran
+    assert calls and calls[0].raw_item.name == "list_files", result.new_items
+    assert outputs and outputs[0].output == listing, result.new_items
+    assert outputs[0].raw_item["call_id"] == calls[0].raw_item.call_id, (calls, outputs)
+    # The next model turn saw the call and its output: its prompt is the
+    # first turn's plus both items.
+    first, second = result.raw_responses[0], result.raw_responses[1]
+    assert any(o.type == "function_call" for o in first.output), first.output
+    assert second.usage.input_tokens > first.usage.input_tokens + 8, (first.usage, second.usage)
+    assert isinstance(result.final_output, str), result.final_output
+    print("agents:", len(result.raw_responses), "model turns,", len(ran), "tool runs,",
+          "prompt", first.usage.input_tokens, "->", second.usage.input_tokens,
+          "tokens with the tool output fed back; final output", repr(result.final_output))
 
 
 try:

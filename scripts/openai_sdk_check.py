@@ -1,9 +1,12 @@
 """Drive `agentd serve` with the official `openai` Python SDK, unchanged.
 
-Usage: python scripts/openai_sdk_check.py http://127.0.0.1:8000/v1
+Usage: python scripts/openai_sdk_check.py http://127.0.0.1:8000/v1 [SMALL_POOL_URL]
 Checks chat (whole and streamed), `extra_body={"program_id": ...}` with a
 second turn that reuses the program's KV, tools in the request, completions with
-token ids, `n` choices (chat and a prompt list), and the release endpoint. Exits non-zero on the first failure.
+token ids, `n` choices (chat and a prompt list), and the release endpoint. With
+a second server whose KV pool is smaller than the model's window, requests that
+omit max_tokens (the SDK's default) succeed there and stop at the served
+context length or at EOS. Exits non-zero on the first failure.
 """
 
 import json
@@ -80,4 +83,52 @@ req = urllib.request.Request(base.rsplit("/v1", 1)[0] + "/programs/release",
                              data=json.dumps({"program_id": "sdk-agent"}).encode(),
                              headers={"content-type": "application/json"})
 print("release:", urllib.request.urlopen(req).read().decode())
+
+
+def without_max_tokens(small_base):
+    """No max_tokens on a pool smaller than the window: the window served is
+    the pool's, and generation runs to it (or to EOS)."""
+    small = OpenAI(base_url=small_base, api_key="unused")
+    window = small.models.list().data[0].model_extra["max_model_len"]
+    assert window < 4096, window  # the tiny Qwen3's own window is 4096
+    user = [{"role": "user", "content": "Tell me a story."}]
+
+    def ended(reason, prompt, output, what):
+        assert output > 0, what
+        if reason == "length":
+            assert prompt + output == window, (what, prompt, output, window)
+        else:
+            assert reason == "stop" and prompt + output <= window, (what, reason)
+
+    r = small.chat.completions.create(model=model, messages=user, temperature=0,
+                                      extra_body={"ignore_eos": True, **no_think})
+    assert r.choices[0].finish_reason == "length", r
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == window, (r.usage, window)
+    for seed in range(3):
+        r = small.chat.completions.create(model=model, messages=user, temperature=1.0,
+                                          seed=seed, extra_body=no_think)
+        ended(r.choices[0].finish_reason, r.usage.prompt_tokens, r.usage.completion_tokens,
+              f"chat seed {seed}")
+    chunks = list(small.chat.completions.create(
+        model=model, messages=user, temperature=1.0, seed=7, stream=True,
+        stream_options={"include_usage": True}, extra_body=no_think))
+    reason = next(c.choices[0].finish_reason for c in chunks
+                  if c.choices and c.choices[0].finish_reason)
+    ended(reason, chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens,
+          "streamed chat")
+    c = small.completions.create(model=model, prompt="Once upon a time", temperature=0,
+                                 extra_body={"ignore_eos": True})
+    assert c.choices[0].finish_reason == "length", c
+    assert c.usage.prompt_tokens + c.usage.completion_tokens == window, (c.usage, window)
+    resp = small.responses.create(model=model, input="Tell me a story.", temperature=1.0,
+                                  store=False, extra_body={"seed": 1})
+    assert resp.status in ("completed", "incomplete"), resp
+    ended("length" if resp.status == "incomplete" else "stop", resp.usage.input_tokens,
+          resp.usage.output_tokens, "responses")
+    print(f"no max_tokens on a {window}-token pool: chat, stream, completions and "
+          "responses end at the window or EOS")
+
+
+if len(sys.argv) > 2:
+    without_max_tokens(sys.argv[2])
 print("ok")

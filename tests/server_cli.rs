@@ -62,3 +62,50 @@ fn serve_device_cuda_needs_a_cuda_build() {
         "{err}"
     );
 }
+
+/// An explicit `--max-model-len` that one replica's pool cannot hold stops
+/// `agentd serve` at startup with both numbers (vLLM refuses to start
+/// too); without the flag the window is lowered to the pool instead.
+#[test]
+fn serve_refuses_a_max_model_len_the_pool_cannot_hold() {
+    use std::process::Command;
+
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-cli-window");
+    let serve = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--num-kv-blocks",
+                "4",
+                "--block-size",
+                "16",
+            ])
+            .args(extra)
+            .env("XDG_CACHE_HOME", &cache)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run agentd serve")
+    };
+    let out = serve(&["--max-model-len", "1024"]);
+    assert!(
+        !out.status.success(),
+        "started with a window the pool cannot hold"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    // 4 blocks of 16 tokens: a 64-token pool.
+    assert!(
+        err.contains("--max-model-len 1024") && err.contains("64 tokens"),
+        "{err}"
+    );
+
+    let (_server, addr, _logs) = spawn_serve(
+        "serve-cli-window",
+        ["--num-kv-blocks", "4", "--block-size", "16"],
+    );
+    let (status, body) = http(&addr, "GET", "/v1/models", None);
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["data"][0]["max_model_len"], 64, "{body}");
+}
