@@ -303,3 +303,72 @@ fn serve_glm45_parsers_by_family_and_flag() {
         "{err}"
     );
 }
+
+/// `strict: true` under `tool_choice: "auto"` (vLLM 0.32's structural tag):
+/// the text stays free, but a call the model starts is the grammar's. A
+/// scripted GLM-4.5 model writes `</think>ok<tool_call>` and then, off its
+/// script, ties every logit at 0 (greedy takes the lowest allowed id): with
+/// a strict tool the grammar turns that into a call valid against the
+/// schema, in both formats (`hermes` and `glm45` parsers); without one the
+/// call is the model's noise and no tool call comes back.
+#[test]
+fn serve_strict_tools_under_auto_enforce_the_calls_the_model_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo().join("models/qwen3/tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let tok = agentd_models::Tokenizer::from_dir(dir.path()).unwrap();
+    let mut script = vec![198]; // "\n": the generation prompt's last token
+    script.extend(tok.encode("</think>ok<tool_call>", false).unwrap());
+    scripted_glm45(dir.path(), &script);
+    let weather = json!({"type": "object",
+        "properties": {"city": {"enum": ["Paris", "Oslo"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+        "required": ["city", "days"], "additionalProperties": false});
+    let dir_arg = dir.path().to_str().unwrap();
+    for parsers in [
+        &[
+            "--tool-call-parser",
+            "hermes",
+            "--reasoning-parser",
+            "qwen3",
+        ][..],
+        &[][..],
+    ] {
+        let mut args = vec![dir_arg, "--num-kv-blocks", "64"];
+        args.extend_from_slice(parsers);
+        let (_server, addr, _logs) = spawn_serve("serve-families-strict-auto", args);
+        for strict in [true, false] {
+            let body = json!({
+                "model": dir.path().file_name().unwrap().to_str().unwrap(),
+                "messages": [{"role": "user", "content": "weather?"}],
+                "tools": [{"type": "function", "function": {"name": "get_weather",
+                    "strict": strict, "parameters": weather}}],
+                "tool_choice": "auto",
+                "max_tokens": 160,
+                "temperature": 0.0,
+            });
+            let (status, text) = http(&addr, "POST", "/v1/chat/completions", Some(&body));
+            assert_eq!(status, 200, "{parsers:?}: {text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            let calls = v["choices"][0]["message"]["tool_calls"].as_array();
+            if !strict {
+                assert!(calls.is_none_or(Vec::is_empty), "{parsers:?}: {text}");
+                continue;
+            }
+            let calls = calls.unwrap_or_else(|| panic!("{parsers:?}: no call: {text}"));
+            assert_eq!(calls.len(), 1, "{parsers:?}: {text}");
+            assert_eq!(calls[0]["function"]["name"], "get_weather", "{text}");
+            let args: Value =
+                serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            assert!(
+                ["Paris", "Oslo"].contains(&args["city"].as_str().unwrap_or("")),
+                "{args}"
+            );
+            assert!(matches!(args["days"].as_i64(), Some(1..=3)), "{args}");
+            assert_eq!(args.as_object().map(|o| o.len()), Some(2), "{args}");
+        }
+    }
+}

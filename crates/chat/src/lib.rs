@@ -34,6 +34,10 @@ pub use formats::{
     TOOL_PARSER_NAMES,
 };
 pub use glm45::ToolSchemas;
+/// GLM-4.5's argument tags and value typing, for grammars that write calls.
+pub mod glm45_format {
+    pub use crate::glm45::{value_types, KEY_END, KEY_START, VALUE_END, VALUE_START};
+}
 pub use messages::{
     normalize_messages, ChatMessage, ContentPart, FunctionCallParam, MessageContent, ToolCallParam,
 };

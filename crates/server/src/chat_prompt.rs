@@ -78,8 +78,8 @@ pub fn render_text(
 }
 
 /// `tool_choice` must be `none`, `auto`, `required` or a named function of
-/// `tools`; `required` and a named function need tools. (They are not yet
-/// enforced on the output: the model may still answer in text.)
+/// `tools`; `required` and a named function need tools (and are enforced
+/// on the output by [`crate::structured`]).
 fn check_tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<(), ApiError> {
     let named = match choice {
         None => return Ok(()),

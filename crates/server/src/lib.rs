@@ -38,6 +38,7 @@ pub mod stop;
 pub mod structured;
 pub mod tenant;
 pub mod tombstone;
+pub mod tool_grammar;
 
 pub use app::{router, serve, AppState, SetupError, SharedState};
 pub use error::ApiError;

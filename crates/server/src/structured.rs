@@ -9,20 +9,25 @@
 //! inside a JSON grammar anyway), and the model is told it is not thinking,
 //! so what it writes is the answer the grammar shapes.
 //!
-//! Forced tool calls use the Hermes format that `agentd_chat`'s tool-call
-//! parser reads (Qwen3's template asks for exactly this layout):
-//! `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one call,
-//! the arguments constrained by the function's `parameters`. Under `auto`,
-//! `strict` tools are checked (their schema must compile) but not enforced:
-//! the model may answer in text.
+//! Tool calls are constrained in the model's own format
+//! ([`crate::tool_grammar`]: Hermes for Qwen3, GLM-4.5's `<arg_key>` pairs):
+//! `tool_choice` `required` or a named function forces one call, its
+//! arguments valid against the function's `parameters` (every forced tool,
+//! strict or not); under `auto` (or no `tool_choice`), a `strict: true` tool
+//! makes the grammar enforce every call the model chooses to write (strict
+//! tools' arguments pinned to their schemas, the others' free) while text
+//! stays free, as vLLM 0.32 does with its structural tags. Such a request
+//! keeps its thinking (the grammar lets one reasoning block through). With
+//! a `response_format` too, the output is one call or that JSON (vLLM's
+//! `OrFormat`). `tool_choice: none` constrains no call.
 
-use agentd_chat::{ToolParser, TOOL_CALL_END, TOOL_CALL_START};
 use agentd_models::sampling::constraint::compact_layout;
 use agentd_models::sampling::{Constraint, Grammar, GrammarCompiler};
 use serde_json::{json, Map, Value as Json};
 
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::tool_grammar::{self, Calls};
 
 /// The output format a request asks for.
 pub enum Format<'a> {
@@ -77,9 +82,9 @@ pub fn responses_format(text: Option<&Json>) -> Result<Format<'_>, ApiError> {
 }
 
 /// The constraint of a request, or `None` when its output is free. A
-/// constrained request gets `enable_thinking: false` in `kwargs` (see the
-/// module note). `tools` are chat-completions tools, `tool_choice` already
-/// checked against them.
+/// request constrained from its first token gets `enable_thinking: false`
+/// in `kwargs` (see the module note). `tools` are chat-completions tools,
+/// `tool_choice` already checked against them.
 pub fn constraint(
     state: &AppState,
     format: Format<'_>,
@@ -88,28 +93,17 @@ pub fn constraint(
     kwargs: &mut Map<String, Json>,
 ) -> Result<Option<Constraint>, ApiError> {
     let forced = forced_tools(tools, tool_choice);
-    let strict = tools
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.pointer("/function/strict").and_then(Json::as_bool) == Some(true));
-    let checked: Vec<usize> = if forced.is_empty() {
-        strict.map(|(i, _)| i).collect()
-    } else {
-        forced.clone()
-    };
+    let auto = tool_choice.is_none() || tool_choice.and_then(Json::as_str) == Some("auto");
+    let strict: Vec<usize> = (0..tools.len())
+        .filter(|&i| tools[i].pointer("/function/strict").and_then(Json::as_bool) == Some(true))
+        .collect();
+    let checked = if forced.is_empty() { &strict } else { &forced };
     if checked.is_empty() && matches!(format, Format::Text) {
         return Ok(None);
     }
     let compiler = compiler(state)?;
-    if !forced.is_empty() && state.output_format.tool != ToolParser::Hermes {
-        // GLM-4.5's `<arg_key>` calls need their own grammar (not written yet).
-        return Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice required or a named function is enforced only for Hermes-format (Qwen3) tool calls",
-        ));
-    }
-    for &i in &checked {
-        let mut params = parameters(&tools[i]);
+    for &i in checked {
+        let mut params = tool_grammar::parameters(&tools[i]);
         compact_layout(&mut params);
         compiler.compile(Grammar::JsonSchema(params)).map_err(|e| {
             ApiError::invalid(
@@ -118,21 +112,49 @@ pub fn constraint(
             )
         })?;
     }
-    let (grammar, field) = if !forced.is_empty() {
-        (tool_call_grammar(tools, &forced), "tools")
-    } else {
+    let json_format = |format: Format<'_>| {
         let (mut schema, field) = match format {
-            Format::Text => return Ok(None),
+            Format::Text => return None,
             Format::JsonObject => (json!({"type": "object"}), "response_format"),
             Format::JsonSchema(s, field) => (s.clone(), field),
         };
         compact_layout(&mut schema);
-        (Grammar::JsonSchema(schema), field)
+        Some((schema, field))
+    };
+    let calls = |calls| tool_grammar::grammar(state.output_format.tool, tools, calls);
+    let (grammar, field, thinking) = if !forced.is_empty() {
+        (
+            Grammar::Lark(calls(Calls::Forced(&forced))?),
+            "tools",
+            false,
+        )
+    } else if auto && !strict.is_empty() {
+        match json_format(format) {
+            None => (
+                Grammar::Lark(calls(Calls::Auto { strict: &strict })?),
+                "tools",
+                true,
+            ),
+            Some((schema, _)) => {
+                let g = calls(Calls::CallOrJson {
+                    strict: &strict,
+                    schema,
+                })?;
+                (Grammar::Lark(g), "tools", false)
+            }
+        }
+    } else {
+        match json_format(format) {
+            None => return Ok(None),
+            Some((schema, field)) => (Grammar::JsonSchema(schema), field, false),
+        }
     };
     let c = compiler
         .compile(grammar)
         .map_err(|e| ApiError::invalid(field, format!("{field} is not a usable grammar: {e}")))?;
-    kwargs.insert("enable_thinking".into(), Json::Bool(false));
+    if !thinking {
+        kwargs.insert("enable_thinking".into(), Json::Bool(false));
+    }
     Ok(Some(c))
 }
 
@@ -161,41 +183,4 @@ fn forced_tools(tools: &[Json], choice: Option<&Json>) -> Vec<usize> {
         }
         _ => Vec::new(),
     }
-}
-
-/// A function's `parameters`, `{"type": "object"}` when absent.
-fn parameters(tool: &Json) -> Json {
-    match tool.pointer("/function/parameters") {
-        Some(p @ Json::Object(_)) => p.clone(),
-        _ => json!({"type": "object"}),
-    }
-}
-
-/// One Hermes tool call to one of `forced`, as a Lark grammar embedding the
-/// call's JSON schema: `{"name": <const>, "arguments": <parameters>}`.
-fn tool_call_grammar(tools: &[Json], forced: &[usize]) -> Grammar {
-    let calls: Vec<Json> = forced
-        .iter()
-        .map(|&i| {
-            let name = tools[i].pointer("/function/name").cloned();
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": name}, "arguments": parameters(&tools[i])},
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            })
-        })
-        .collect();
-    let mut schema = match <[Json; 1]>::try_from(calls) {
-        Ok([one]) => one,
-        Err(calls) => json!({"anyOf": calls}),
-    };
-    compact_layout(&mut schema);
-    let lit = |s: &str| Json::String(s.to_owned()).to_string();
-    Grammar::Lark(format!(
-        "start: {} %json {} {}\n",
-        lit(&format!("{TOOL_CALL_START}\n")),
-        schema,
-        lit(&format!("\n{TOOL_CALL_END}")),
-    ))
 }

@@ -241,3 +241,35 @@ fn unconstrained_requests_are_unchanged() {
         assert_eq!(r["choices"][0]["finish_reason"], "length", "{r}");
     }
 }
+
+#[test]
+fn strict_tools_under_auto_leave_text_and_thinking_as_they_were() {
+    // vLLM 0.32 enforces strict tools under `auto` on the calls the model
+    // writes, not on its text (tests/serve_families.rs shows a call being
+    // enforced). A random model rarely writes `<tool_call>`: with a strict
+    // tool it still answers in free text, thinking on (the same prompt as
+    // without one). The text is not the same token for token: the grammar's
+    // mask (tokens that would open a malformed call, special tokens) is
+    // applied before every draw, which renormalises what a seed draws from.
+    let strict = tools();
+    let mut loose = tools();
+    loose[0]["function"]["strict"] = json!(false);
+    for seed in 0..4 {
+        let a = chat(json!({"tools": strict, "tool_choice": "auto"}), seed);
+        let b = chat(json!({"tools": loose, "tool_choice": "auto"}), seed);
+        assert_eq!(
+            a["usage"]["prompt_tokens"], b["usage"]["prompt_tokens"],
+            "seed {seed}: thinking stays on"
+        );
+        assert_eq!(a["choices"][0]["finish_reason"], "length", "{a}");
+        let m = &a["choices"][0]["message"];
+        assert_eq!(m["tool_calls"], json!([]), "{a}");
+        let text = format!(
+            "{}{}",
+            m["reasoning_content"].as_str().unwrap_or(""),
+            m["content"].as_str().unwrap_or("")
+        );
+        assert!(!text.is_empty(), "{a}");
+        assert!(!text.contains("<tool_call>"), "{a}");
+    }
+}

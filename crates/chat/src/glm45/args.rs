@@ -10,10 +10,10 @@ use minijinja::Value;
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
 
-const KEY_START: &str = "<arg_key>";
-const KEY_END: &str = "</arg_key>";
-const VALUE_START: &str = "<arg_value>";
-const VALUE_END: &str = "</arg_value>";
+pub const KEY_START: &str = "<arg_key>";
+pub const KEY_END: &str = "</arg_key>";
+pub const VALUE_START: &str = "<arg_value>";
+pub const VALUE_END: &str = "</arg_value>";
 
 /// The request's function tools: names and their parameter `properties`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -115,6 +115,14 @@ fn dumps(value: &Json) -> String {
     // Serialising a parsed JSON value cannot fail; fall back to serde's
     // spelling rather than panic.
     pyjson::dumps_default(&Value::from(Serde(value))).unwrap_or_else(|_| value.to_string())
+}
+
+/// The JSON types a raw `<arg_value>` under `schema` is coerced to by
+/// [`arguments_json`] (normalised names: `int` is `integer`), so a grammar
+/// can write values the parser reads back as valid: a value whose types
+/// include `string` is taken as text unless it converts to another of them.
+pub fn value_types(schema: &Json) -> Vec<String> {
+    schema_types(schema).iter().map(|t| normalize(t)).collect()
 }
 
 /// `extract_types_from_schema`: `type` (string or list), types of `enum`

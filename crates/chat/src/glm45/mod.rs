@@ -22,7 +22,7 @@ mod args;
 mod lexer;
 mod stream;
 
-pub use args::ToolSchemas;
+pub use args::{value_types, ToolSchemas, KEY_END, KEY_START, VALUE_END, VALUE_START};
 pub(crate) use stream::Glm45Stream;
 
 use crate::output::{OutputOptions, ParsedOutput};
