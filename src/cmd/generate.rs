@@ -35,9 +35,9 @@ pub struct GenerateArgs {
     pub temperature: f32,
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
-    /// 0 = disabled.
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
+    /// 0 or -1 = disabled.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub top_k: i64,
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
     #[arg(long)]
@@ -228,10 +228,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         let out = Output {
             token_ids: out_ids,
             text,
-            finish_reason: match finish {
-                FinishReason::Stop => "stop",
-                FinishReason::Length => "length",
-            },
+            finish_reason: finish.as_openai(),
             prompt_tokens: prompt.len(),
             logprobs: args.top_logprobs.map(|_| logprobs),
         };

@@ -43,6 +43,26 @@ pub struct SchedulerArgs {
     /// for a program that has waited this long (seconds).
     #[arg(long, default_value_t = DEFAULTS.idle_reclaim_after_s)]
     pub idle_reclaim_after_s: f64,
+    /// Bounded bypass: a queued program passed over by this many admissions
+    /// of others is admitted first (oldest first); no program is overtaken
+    /// more often than this.
+    #[arg(long, default_value_t = DEFAULTS.max_bypass)]
+    pub max_bypass: u64,
+    /// Bounded waiting in time: a program queued this long (seconds) is
+    /// admitted first and may pause programs resident this long to get
+    /// room (the oldest waits at most about twice this; costs throughput
+    /// when oversubscribed). Off (`inf`) by default.
+    #[arg(long, default_value_t = DEFAULTS.max_wait_s)]
+    pub max_wait_s: f64,
+    /// How long a group announced with a size (`n` choices, `group_size`)
+    /// waits for its missing members before it is admitted without them.
+    #[arg(long, default_value_t = DEFAULTS.group_gather_s)]
+    pub group_gather_s: f64,
+    /// Base x of the per-tool decay x^(-R/Δ): a named tool's acting memory
+    /// is weighted by its expected remaining time R from the durations
+    /// observed for that tool; 1 disables it.
+    #[arg(long, default_value_t = DEFAULTS.tool_decay_base)]
+    pub tool_decay_base: f64,
 }
 
 impl SchedulerArgs {
@@ -59,6 +79,10 @@ impl SchedulerArgs {
             max_running: self.max_num_seqs,
             placement: self.placement,
             idle_reclaim_after_s: self.idle_reclaim_after_s,
+            max_bypass: self.max_bypass,
+            max_wait_s: self.max_wait_s,
+            group_gather_s: self.group_gather_s,
+            tool_decay_base: self.tool_decay_base,
             ..SchedulerConfig::default()
         }
     }

@@ -15,7 +15,8 @@ use super::scheduler_args::SchedulerArgs;
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
-    /// Workload preset: swe or toolorch.
+    /// Workload preset: swe, toolorch or bimodal (swe with 70% 0.3 s reads and
+    /// 30% 20 s test runs, named to the scheduler).
     #[arg(long, default_value = "swe")]
     workload: Workload,
     /// Concurrent programs, comma-separated.
@@ -123,6 +124,9 @@ fn table(runs: &[RunResult], policies: &[PolicyKind]) -> Table {
         "kv_imbal".into(),
         "p50_s".into(),
         "p99_s".into(),
+        "max_s".into(),
+        "first_p50".into(),
+        "first_max".into(),
         "sched_us".into(),
     ]);
     for r in runs {
@@ -149,6 +153,9 @@ fn table(runs: &[RunResult], policies: &[PolicyKind]) -> Table {
             format!("{:.3}", r.kv_imbalance),
             format!("{:.1}", r.p50_step_s),
             format!("{:.1}", r.p99_step_s),
+            format!("{:.1}", r.max_step_s),
+            format!("{:.1}", r.first_p50_s),
+            format!("{:.1}", r.first_max_s),
             format!("{:.2}", r.sched_us_per_step),
         ]);
     }

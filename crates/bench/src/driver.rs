@@ -216,6 +216,12 @@ struct Counters {
     preemptions: Option<f64>,
     recomputed: Option<f64>,
     pauses: Option<f64>,
+    /// Restores, pauses forced by running out of blocks mid-decode, and the
+    /// batches' fill (planned tokens over their budget): where the
+    /// throughput goes past the knee (agentd only; `None` for vLLM).
+    restores: Option<f64>,
+    exhaustion: Option<f64>,
+    batch_fill: Option<f64>,
 }
 
 impl Counters {
@@ -226,12 +232,23 @@ impl Counters {
             preemptions: a.delta(b, prom::PREEMPTIONS),
             recomputed: a.delta(b, prom::RECOMPUTED),
             pauses: a.delta(b, prom::PAUSES),
+            restores: a.delta(b, prom::RESTORES),
+            exhaustion: a.delta(b, prom::EXHAUSTION),
+            batch_fill: match (
+                a.delta(b, prom::BATCH_TOKENS),
+                a.delta(b, prom::BATCH_BUDGET),
+            ) {
+                (Some(t), Some(budget)) if budget > 0.0 => Some(t / budget),
+                _ => None,
+            },
         }
     }
 
     fn as_json(&self) -> Value {
         json!({"hits": self.hits, "queries": self.queries, "preemptions": self.preemptions,
-               "recomputed": self.recomputed, "pauses": self.pauses})
+               "recomputed": self.recomputed, "pauses": self.pauses,
+               "restores": self.restores, "exhaustion_preemptions": self.exhaustion,
+               "batch_fill": self.batch_fill})
     }
 }
 

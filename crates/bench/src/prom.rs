@@ -13,6 +13,10 @@ pub const PREFIX_QUERIES: &str = "vllm:prefix_cache_queries_total";
 pub const PREEMPTIONS: &str = "vllm:num_preemptions_total";
 pub const RECOMPUTED: &str = "agentd:recomputed_tokens_total";
 pub const PAUSES: &str = "agentd:program_pauses_total";
+pub const RESTORES: &str = "agentd:program_restores_total";
+pub const EXHAUSTION: &str = "agentd:exhaustion_preemptions_total";
+pub const BATCH_TOKENS: &str = "agentd:batch_tokens_total";
+pub const BATCH_BUDGET: &str = "agentd:batch_budget_tokens_total";
 
 impl Metrics {
     /// Parses exposition text. Comments, blank lines and lines that do not

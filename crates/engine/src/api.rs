@@ -1,7 +1,7 @@
 //! What the engine offers its callers (the HTTP server, tests, benchmarks):
 //! requests in, token events out. Nothing here knows about HTTP or blocks.
 
-use agentd_models::SamplingParams;
+use agentd_models::{InvalidSampling, SamplingParams};
 
 /// One generation request of a program.
 #[derive(Debug, Clone)]
@@ -24,29 +24,35 @@ pub struct GenerateRequest {
     /// the same salt (the server derives it from the tenant and the body's
     /// `cache_salt`; 0 shares with every unsalted request).
     pub cache_salt: u64,
+    /// The rollout group the program belongs to (`group_id`; the `n`
+    /// choices of one request form one implicitly): the scheduler admits
+    /// and restores its members together.
+    pub group: Option<GroupTag>,
+    /// The tool the program runs once this request finishes
+    /// (`extra_body.tool_name`): its observed durations set the program's
+    /// decay while it acts (see `agentd_scheduler`'s `tools`).
+    pub tool: Option<String>,
 }
 
-/// Why a request stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token or EOS.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-    /// The client went away or the program was released.
-    Cancelled,
+/// A program's rollout group, by name (scoped to the tenant by the caller),
+/// and how many members it will have when the client says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupTag {
+    pub name: String,
+    pub size: Option<usize>,
 }
 
-impl FinishReason {
-    /// The OpenAI `finish_reason` string.
-    pub fn as_openai(&self) -> &'static str {
-        match self {
-            Self::Stop => "stop",
-            Self::Length => "length",
-            Self::Cancelled => "abort",
-        }
-    }
+/// A stable 64-bit hash of a name (FNV-1a): group and tool names become the
+/// scheduler's ids without the scheduler ever seeing strings.
+pub(crate) fn name_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
+
+/// Why a request stopped: the sampler's own enum (one finish reason from
+/// the sampler to the HTTP response), re-exported here.
+pub use agentd_models::FinishReason;
 
 /// Token counts of one finished request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,6 +97,9 @@ pub enum EngineError {
     },
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A sampling parameter out of range ([`SamplingParams::validate`]).
+    #[error("invalid request: {0}")]
+    InvalidSampling(#[from] InvalidSampling),
     #[error("the engine is shutting down")]
     ShuttingDown,
 }

@@ -30,6 +30,17 @@ pub struct EngineConfig {
     pub kv_events: Option<KvEventSink>,
 }
 
+impl EngineConfig {
+    /// CPU threads of each replica: `threads_per_replica`, or the machine's
+    /// cores split evenly between the replicas.
+    pub fn threads_each(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        self.threads_per_replica
+            .unwrap_or(cores / self.replicas.max(1))
+            .max(1)
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {

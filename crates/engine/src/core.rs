@@ -11,14 +11,14 @@ use std::time::Instant;
 
 use agentd_kv::ProgramId;
 use agentd_models::{SampleOutput, SequenceSampler};
-use agentd_scheduler::{build_policy, Contexts, ReplicaSet};
+use agentd_scheduler::{build_policy, Contexts, GroupId, ReplicaSet, ToolId};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::debug;
+use tracing::error;
 
+use crate::inbox::{Released, Submitted};
 use crate::metrics::Counters;
-use crate::{
-    EndReason, EngineConfig, EngineError, Event, FinishReason, GenerateRequest, ProgramEnded,
-};
+use crate::{EndReason, EngineConfig, Event, FinishReason, ProgramEnded, Usage};
 
 /// State a request shares with its caller's [`crate::RequestStream`].
 #[derive(Debug, Default)]
@@ -50,6 +50,10 @@ pub(crate) struct Req {
     pub final_request: bool,
     /// `GenerateRequest::cache_salt`.
     pub cache_salt: u64,
+    /// `GenerateRequest::group`, hashed.
+    pub group: Option<(GroupId, Option<usize>)>,
+    /// `GenerateRequest::tool`, hashed: noted when the request finishes.
+    pub tool: Option<ToolId>,
 }
 
 impl Req {
@@ -100,6 +104,13 @@ impl SeqPlan {
     }
 }
 
+/// A step's plan: the batch, and whether planning it changed anything
+/// readers can see (an idle re-plan changes nothing).
+pub(crate) struct StepBatch {
+    pub seqs: Vec<SeqPlan>,
+    pub changed: bool,
+}
+
 /// What the worker produced for one planned sequence outside the lock.
 pub(crate) struct Sampled {
     /// `None` when sampling failed (the request ends, `finish` says how).
@@ -127,6 +138,9 @@ impl Contexts for Requests<'_> {
             .and_then(|q| q.current.as_ref())
             .map_or(0, |r| r.cache_salt)
     }
+    fn group(&self, p: ProgramId) -> Option<(GroupId, Option<usize>)> {
+        self.0.get(&p)?.current.as_ref()?.group
+    }
 }
 
 pub(crate) struct Core {
@@ -138,8 +152,6 @@ pub(crate) struct Core {
     /// Programs inside each replica's model forward right now.
     pub in_flight: Vec<HashSet<ProgramId>>,
     pub counters: Counters,
-    pub max_model_len: usize,
-    pub vocab_size: usize,
     pub started: Instant,
     pub shutdown: bool,
     /// Subscribers to program terminations. Unbounded so that announcing
@@ -150,7 +162,7 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    pub fn new(cfg: EngineConfig, max_model_len: usize, vocab_size: usize) -> Self {
+    pub fn new(cfg: EngineConfig) -> Self {
         let n = cfg.replicas.max(1);
         Self {
             replicas: ReplicaSet::new(
@@ -165,8 +177,6 @@ impl Core {
             programs: HashMap::new(),
             in_flight: vec![HashSet::new(); n],
             counters: Counters::default(),
-            max_model_len,
-            vocab_size,
             started: Instant::now(),
             shutdown: false,
             ended_subscribers: Vec::new(),
@@ -191,27 +201,38 @@ impl Core {
         self.replicas.num_running()
     }
 
-    /// Validates and enqueues a request. Returns the replicas to wake.
-    pub fn submit(
-        &mut self,
-        req: GenerateRequest,
-        tx: UnboundedSender<Event>,
-        signals: Arc<Signals>,
-    ) -> Result<(), EngineError> {
-        if self.shutdown {
-            return Err(EngineError::ShuttingDown);
+    /// Takes in the submissions drained from the inbox, in arrival order:
+    /// each becomes its program's current request (creating the program) or
+    /// a sibling of it, and is routed — started at once, with its prefix
+    /// matched, when its program is active on a replica.
+    pub fn accept(&mut self, submitted: Vec<Submitted>) {
+        for s in submitted {
+            self.accept_one(s);
         }
-        self.validate(&req)?;
-        let waiting = self.num_waiting();
-        if waiting >= self.cfg.max_waiting {
-            return Err(EngineError::Overloaded {
-                waiting,
-                limit: self.cfg.max_waiting,
+    }
+
+    fn accept_one(&mut self, sub: Submitted) {
+        self.counters.prompt_tokens += sub.prompt.len() as u64;
+        if sub.released != Released::No {
+            // Released before any worker saw it: what a release right after
+            // it reached the engine would have done.
+            let _ = sub.tx.send(Event::Finished {
+                reason: FinishReason::Cancelled,
+                usage: Usage {
+                    prompt_tokens: sub.prompt.len(),
+                    ..Usage::default()
+                },
             });
+            if let (Released::CancelAndAnnounce, Some(name)) = (sub.released, sub.program) {
+                self.announce_end(ProgramEnded {
+                    id: name,
+                    reason: EndReason::Released,
+                    at: Instant::now(),
+                });
+            }
+            return;
         }
-        let sampler = SequenceSampler::new(req.sampling.clone(), &req.prompt)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let p = match &req.program {
+        let p = match &sub.program {
             Some(name) => match self.names.get(name) {
                 Some(&p) => p,
                 None => {
@@ -222,35 +243,36 @@ impl Core {
             },
             None => self.new_program(None),
         };
-        self.counters.prompt_tokens += req.prompt.len() as u64;
         let id = self.next_request;
         self.next_request += 1;
         let r = Req {
-            prompt_len: req.prompt.len(),
-            tokens: req.prompt,
-            sampler: Some(sampler),
+            prompt_len: sub.prompt.len(),
+            tokens: sub.prompt,
+            sampler: Some(sub.sampler),
             id,
-            tx,
-            signals,
+            tx: sub.tx,
+            signals: sub.signals,
             cached_tokens: None,
-            arrived: Instant::now(),
+            arrived: sub.arrived,
             first_token: None,
-            final_request: req.final_request || req.program.is_none(),
-            cache_salt: req.cache_salt,
+            final_request: sub.final_request || sub.program.is_none(),
+            cache_salt: sub.cache_salt,
+            group: sub.group,
+            tool: sub.tool,
         };
         let Some(prog) = self.programs.get_mut(&p) else {
-            return Err(EngineError::Invalid("program vanished".into()));
+            return;
         };
         // A new request revives a program whose release was still pending.
         prog.release_pending = false;
         prog.end_reason = None;
-        if let Some(parent) = req.parent_program {
+        if let Some(parent) = sub.parent_program {
             prog.parent_program = Some(parent);
         }
         if prog.current.is_none() {
             prog.current = Some(r);
             self.route(p);
-            return Ok(());
+            return;
         }
         // The program is busy: run the request now as a sibling rather than
         // after the current one (DESIGN §2: concurrent requests of one
@@ -270,33 +292,6 @@ impl Core {
         }
         debug!(program = %p, sibling = %s, "parallel request runs as a sibling");
         self.route(s);
-        Ok(())
-    }
-
-    fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
-        if req.prompt.is_empty() {
-            return Err(EngineError::Invalid("the prompt is empty".into()));
-        }
-        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(EngineError::Invalid(format!(
-                "token id {t} is outside the vocabulary (size {})",
-                self.vocab_size
-            )));
-        }
-        req.sampling
-            .validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        // `max_model_len` never exceeds one replica's pool (checked at
-        // start), so a request within it always fits when alone.
-        let max_tokens = req.sampling.max_tokens;
-        if req.prompt.len().saturating_add(max_tokens) > self.max_model_len {
-            return Err(EngineError::ContextTooLong {
-                prompt: req.prompt.len(),
-                max_tokens,
-                max: self.max_model_len,
-            });
-        }
-        Ok(())
     }
 
     /// Hands `p`'s current request to the scheduling core; it starts at
@@ -330,7 +325,7 @@ impl Core {
 
     /// Step bookkeeping before the forward of replica `r`: cancellations,
     /// the core's schedule (leases, the policy's decision), and the batch.
-    pub fn plan(&mut self, r: usize) -> Vec<SeqPlan> {
+    pub fn plan(&mut self, r: usize) -> StepBatch {
         let now = self.now();
         let cancelled: Vec<ProgramId> = self
             .replicas
@@ -344,10 +339,12 @@ impl Core {
                     .is_none_or(Req::is_cancelled)
             })
             .collect();
+        let mut changed = !cancelled.is_empty();
         for p in cancelled {
             self.finish(p, FinishReason::Cancelled);
         }
         let sched = self.replicas.schedule(r, now, &Requests(&self.programs));
+        changed |= !(sched.expired.is_empty() && sched.decision.is_empty());
         for p in sched.expired {
             if let Some(prog) = self.programs.get_mut(&p) {
                 prog.release_pending = true;
@@ -362,6 +359,7 @@ impl Core {
         let step = self
             .replicas
             .plan_batch(r, now, budget, &Requests(&self.programs));
+        changed |= !(step.seqs.is_empty() && step.preempted.is_empty());
         if !step.seqs.is_empty() {
             self.counters.batch_budget += budget as u64;
             self.counters.batch_tokens += (budget - step.budget_left) as u64;
@@ -396,7 +394,10 @@ impl Core {
         }
         self.in_flight[r] = plan.iter().map(|s| s.program).collect();
         self.verify(r);
-        plan
+        StepBatch {
+            seqs: plan,
+            changed,
+        }
     }
 
     /// Debug builds check the KV invariants after every step (the check is
@@ -412,13 +413,20 @@ impl Core {
     pub fn commit(&mut self, r: usize, plan: Vec<SeqPlan>, sampled: Vec<Option<Sampled>>) {
         for (s, out) in plan.into_iter().zip(sampled) {
             let p = s.program;
-            if self.replicas.commit(r, p, &s.new_tokens).is_err() {
-                continue; // released meanwhile
-            }
+            let committed = self.replicas.commit(r, p, &s.new_tokens);
             let Some(req) = self.programs.get_mut(&p).and_then(|q| q.current.as_mut()) else {
                 continue;
             };
             if req.id != s.request {
+                continue;
+            }
+            if let Err(e) = committed {
+                // Its slots went away under the step (nothing should do
+                // that: releases and pauses wait for the batch). Its sampler
+                // cannot be trusted to match the KV any more, and without
+                // one the request would wait for a token forever: end it.
+                error!(program = %p, replica = r, error = %e, "commit of a planned sequence failed; ending its request");
+                self.finish(p, FinishReason::Error);
                 continue;
             }
             if s.sampler.is_some() {
@@ -426,7 +434,7 @@ impl Core {
             }
             let Some(out) = out else { continue };
             let Some(output) = out.output else {
-                self.finish(p, out.finish.unwrap_or(FinishReason::Cancelled));
+                self.finish(p, out.finish.unwrap_or(FinishReason::Error));
                 continue;
             };
             req.tokens.push(output.token_id);
@@ -462,13 +470,77 @@ impl Core {
         self.verify(r);
     }
 
-    /// The model failed on this step: end its requests rather than retry a
-    /// batch that may fail again, and keep serving the rest.
+    /// The model failed on this step: end its requests with an error rather
+    /// than retry a batch that may fail again, and keep serving the rest.
     pub fn abort_step(&mut self, r: usize, plan: Vec<SeqPlan>) {
         self.in_flight[r].clear();
         for s in plan {
             self.replicas.pause_on(s.program, r);
-            self.finish(s.program, FinishReason::Cancelled);
+            self.finish(s.program, FinishReason::Error);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use agentd_models::{SamplingParams, SequenceSampler};
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    fn submitted(prompt: Vec<u32>) -> (Submitted, mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let params = SamplingParams {
+            max_tokens: 4,
+            ..SamplingParams::greedy()
+        };
+        let sub = Submitted {
+            program: None,
+            sampler: SequenceSampler::new(params, &prompt).expect("valid"),
+            prompt,
+            final_request: false,
+            parent_program: None,
+            cache_salt: 0,
+            group: None,
+            tool: None,
+            tx,
+            signals: Arc::new(Signals::default()),
+            arrived: Instant::now(),
+            released: Released::No,
+        };
+        (sub, rx)
+    }
+
+    /// A planned sequence whose slots vanish before its commit (nothing in
+    /// the engine does that today; the path must not hang the request): it
+    /// ends with an error instead of waiting for a sampler that never comes
+    /// back.
+    #[test]
+    fn a_failed_commit_ends_the_request_with_an_error() {
+        let mut core = Core::new(EngineConfig {
+            num_blocks: 16,
+            ..EngineConfig::default()
+        });
+        let (sub, mut rx) = submitted((1..40).collect());
+        core.accept(vec![sub]);
+        let step = core.plan(0);
+        assert_eq!(step.seqs.len(), 1, "the prompt is planned");
+        assert!(step.seqs[0].wants_logits(), "its sampler is lent");
+        let p = step.seqs[0].program;
+        // The fault: the sequence loses its KV between plan and commit.
+        core.replicas.pause_on(p, 0);
+        core.commit(0, step.seqs, vec![None]);
+        match rx.try_recv() {
+            Ok(Event::Finished { reason, usage }) => {
+                assert_eq!(reason, FinishReason::Error);
+                assert_eq!(usage.prompt_tokens, 39);
+            }
+            other => panic!("expected the request to end, got {other:?}"),
+        }
+        assert_eq!(core.num_running(), 0);
+        assert!(core.programs.is_empty(), "the one-off program is released");
     }
 }

@@ -2,17 +2,21 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
-use agentd_models::{CpuRunner, Model, ModelConfig, ModelError, StepRunner};
+use agentd_models::{CpuRunner, Model, ModelConfig, ModelError, SequenceSampler, StepRunner};
+use agentd_scheduler::{GroupId, ToolId};
 use tokio::sync::mpsc;
 use tracing::info;
 
+use crate::api::name_hash;
+use crate::board::{Board, Snapshot};
 use crate::core::{Core, Signals};
-use crate::metrics::MetricsSnapshot;
-use crate::worker::{self, Shared};
-use crate::{EngineConfig, EngineError, Event, GenerateRequest, ProgramEnded, ProgramStatus};
+use crate::inbox::{Inbox, Released, Submitted};
+use crate::worker::{self, Shared, Wake};
+use crate::{EngineConfig, EngineError, Event, GenerateRequest, ProgramEnded};
 
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -30,10 +34,12 @@ struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
     config: ModelConfig,
     max_model_len: usize,
+    max_waiting: usize,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.shared.inbox.close();
         self.shared.lock().shutdown = true;
         self.shared.wake_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
@@ -120,11 +126,7 @@ impl Engine {
     /// Starts on the CPU runtime: one [`CpuRunner`] per replica, the cores
     /// split between them unless `threads_per_replica` says otherwise.
     pub fn with_model(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, StartError> {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let threads_each = cfg
-            .threads_per_replica
-            .unwrap_or(cores / cfg.replicas.max(1))
-            .max(1);
+        let threads_each = cfg.threads_each();
         let runners = (0..cfg.replicas)
             .map(|r| {
                 let runner = CpuRunner::new(
@@ -173,12 +175,15 @@ impl Engine {
             )));
         }
         let max_len = max_model_len(&cfg, mc.max_position_embeddings)?;
-        let mut core = Core::new(cfg.clone(), max_len, mc.vocab_size);
+        let mut core = Core::new(cfg.clone());
         core.enable_kv_events();
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
-            wake: (0..cfg.replicas).map(|_| Condvar::new()).collect(),
+            wake: Wake::new(cfg.replicas),
+            inbox: Inbox::default(),
+            board: Board::default(),
             eos: mc.eos_token_ids.clone(),
+            threads_per_replica: cfg.threads_each(),
         });
         let mut threads = Vec::with_capacity(cfg.replicas);
         for (r, runner) in runners.into_iter().enumerate() {
@@ -201,26 +206,93 @@ impl Engine {
                 threads: Mutex::new(threads),
                 config: mc,
                 max_model_len: max_len,
+                max_waiting: cfg.max_waiting,
             }),
         })
     }
 
-    /// Queues a request. Never blocks; refuses with `Overloaded` when too many
-    /// requests already wait.
+    /// Queues a request. Runs on the caller's thread: validation and the
+    /// sampler's setup (penalties over the prompt, the grammar's start
+    /// state) are O(prompt), done here without the engine lock; the request
+    /// then goes into the inbox, and a worker routes it (prefix matching)
+    /// at its next step. Refuses with `Overloaded` when too many requests
+    /// already wait. Never waits for the engine lock.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        let (shared, limit) = (&self.inner.shared, self.inner.max_waiting);
+        shared.inbox.check(limit)?;
+        self.validate(&req)?;
+        let sampler = SequenceSampler::new(req.sampling, &req.prompt)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let signals = Arc::new(Signals::default());
-        self.inner.shared.lock().submit(req, tx, signals.clone())?;
-        self.inner.shared.wake_all();
+        let sub = Submitted {
+            program: req.program,
+            prompt: req.prompt,
+            sampler,
+            final_request: req.final_request,
+            parent_program: req.parent_program,
+            cache_salt: req.cache_salt,
+            group: req.group.map(|g| (GroupId(name_hash(&g.name)), g.size)),
+            tool: req.tool.as_deref().map(|t| ToolId(name_hash(t))),
+            tx,
+            signals: signals.clone(),
+            arrived: Instant::now(),
+            released: Released::No,
+        };
+        shared.inbox.push(sub, limit)?;
+        shared.wake_all();
         Ok(RequestStream { rx, signals })
     }
 
-    /// Ends a program: its requests are cancelled, its KV released. False if
-    /// no such program exists.
+    /// The checks of the prompt against the model; the sampling parameters
+    /// are checked by [`SequenceSampler::new`].
+    fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty".into()));
+        }
+        let vocab = self.inner.config.vocab_size;
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::Invalid(format!(
+                "token id {t} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        // `max_model_len` never exceeds one replica's pool (checked at
+        // start), so a request within it always fits when alone.
+        let (max_tokens, max) = (req.sampling.max_tokens, self.inner.max_model_len);
+        if req.prompt.len().saturating_add(max_tokens) > max {
+            return Err(EngineError::ContextTooLong {
+                prompt: req.prompt.len(),
+                max_tokens,
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends a program: its requests are cancelled, its KV released — also
+    /// requests of it still in the inbox. False if no such program exists.
     pub fn release(&self, program: &str) -> bool {
-        let found = self.inner.shared.lock().release(program);
-        self.inner.shared.wake_all();
-        found
+        let shared = &self.inner.shared;
+        let mut core = shared.lock();
+        let found = core.release(program);
+        // Under the engine lock, so no worker drains the inbox meanwhile.
+        let waiting = shared.inbox.release(program, found);
+        drop(core);
+        shared.wake_all();
+        found || waiting
+    }
+
+    /// The named program, whose request just finished, runs `tool` (the
+    /// server read it from the tool calls it returned): that tool's observed
+    /// durations set the program's decay while it acts. False when no such
+    /// program is known (ended, or never seen).
+    pub fn note_tool(&self, program: &str, tool: &str) -> bool {
+        let mut core = self.inner.shared.lock();
+        let Some(&p) = core.names.get(program) else {
+            return false;
+        };
+        let now = core.now();
+        core.replicas.note_tool(p, ToolId(name_hash(tool)), now);
+        true
     }
 
     /// A stream of named programs' terminations (release, `final`, lease
@@ -232,8 +304,22 @@ impl Engine {
         rx
     }
 
-    pub fn programs(&self) -> Vec<ProgramStatus> {
-        self.inner.shared.lock().program_status()
+    /// The engine's metrics and program table, without the engine lock: a
+    /// snapshot at least as new as anything the caller saw before asking,
+    /// unless the engine is stuck in one critical section for longer than
+    /// [`crate::READ_WAIT`], in which case the latest one
+    /// ([`crate::board`] explains the protocol).
+    pub async fn snapshot(&self) -> Arc<Snapshot> {
+        let shared = &self.inner.shared;
+        let pushed = shared.inbox.pushed();
+        shared.board.read(pushed, || shared.wake_all()).await
+    }
+
+    /// [`Engine::snapshot`] for callers outside an async runtime.
+    pub fn snapshot_blocking(&self) -> Arc<Snapshot> {
+        let shared = &self.inner.shared;
+        let pushed = shared.inbox.pushed();
+        shared.board.read_blocking(pushed, || shared.wake_all())
     }
 
     /// Longest prompt + output a request may have.
@@ -245,54 +331,9 @@ impl Engine {
         &self.inner.config
     }
 
-    pub fn metrics(&self) -> MetricsSnapshot {
-        let core = self.inner.shared.lock();
-        let stats = agentd_scheduler::Policy::stats(&core.replicas.policy);
-        let (mut queries, mut hits, mut referenced, mut total) = (0, 0, 0, 0);
-        for kv in &core.replicas.kv {
-            queries += kv.stats().query_tokens;
-            hits += kv.stats().hit_tokens;
-            referenced += kv.pool().num_referenced();
-            total += kv.pool().num_blocks();
-        }
-        let mut programs: Vec<(&'static str, &'static str, usize)> = Vec::new();
-        for s in core.program_status() {
-            match programs
-                .iter_mut()
-                .find(|(ph, st, _)| *ph == s.phase && *st == s.state)
-            {
-                Some(e) => e.2 += 1,
-                None => programs.push((s.phase, s.state, 1)),
-            }
-        }
-        MetricsSnapshot {
-            num_requests_running: core.num_running(),
-            num_requests_waiting: core.num_waiting(),
-            kv_cache_usage: referenced as f64 / total.max(1) as f64,
-            prefix_cache_queries: queries,
-            prefix_cache_hits: hits,
-            num_preemptions: stats.exhaustion_pauses + stats.pauses + stats.work_conserving_pauses,
-            prompt_tokens: core.counters.prompt_tokens,
-            generation_tokens: core.counters.generation_tokens,
-            block_size: core.cfg.block_size,
-            num_gpu_blocks: core.cfg.num_blocks,
-            ttft_s: core.counters.ttft_s.clone(),
-            e2e_s: core.counters.e2e_s.clone(),
-            queue_wait_s: core.counters.queue_wait_s.clone(),
-            lock_hold_s: core.counters.lock_hold_s.clone(),
-            batch_tokens: core.counters.batch_tokens,
-            batch_budget: core.counters.batch_budget,
-            exhaustion_preemptions: core.replicas.stats().exhaustion_preemptions,
-            programs,
-            pauses: stats.pauses + stats.exhaustion_pauses + stats.work_conserving_pauses,
-            restores: stats.restores,
-            recomputed_tokens: core.replicas.stats().recomputed_tokens,
-            requests_finished: core.counters.requests_finished,
-        }
-    }
-
     /// Stops the workers after their current step; later submissions fail.
     pub fn shutdown(&self) {
+        self.inner.shared.inbox.close();
         self.inner.shared.lock().shutdown = true;
         self.inner.shared.wake_all();
     }

@@ -8,23 +8,28 @@
 //!
 //! Block bookkeeping (all replicas' [`agentd_kv::KvCache`]s, the policy, the
 //! program table) sits behind one mutex held for microseconds per step; the
-//! model forward runs outside it on the replica's own tensor cache. Pausing a
-//! program drops its block references at once; restoring re-matches its
-//! prefix and prefills only what was lost.
+//! model forward and sampling run outside it on the replica's own tensor
+//! cache and threads. Callers never take it to submit (an inbox the workers
+//! drain) or to read (a snapshot, [`Snapshot`]). Pausing a program drops its
+//! block references at once; restoring re-matches its prefix and prefills
+//! only what was lost.
 
 mod api;
+mod board;
 mod config;
 mod core;
 mod engine;
+mod inbox;
 mod kv_events;
 mod lifecycle;
 mod metrics;
 mod worker;
 
 pub use api::{
-    EndReason, EngineError, Event, FinishReason, GenerateRequest, ProgramEnded, ProgramStatus,
-    TokenEvent, Usage,
+    EndReason, EngineError, Event, FinishReason, GenerateRequest, GroupTag, ProgramEnded,
+    ProgramStatus, TokenEvent, Usage,
 };
+pub use board::{Snapshot, MIN_REBUILD, READ_WAIT};
 pub use config::EngineConfig;
 pub use engine::{Engine, RequestStream, StartError};
 pub use kv_events::KvEventSink;

@@ -125,6 +125,9 @@ impl Core {
             .e2e_s
             .observe(req.arrived.elapsed().as_secs_f64());
         self.replicas.finish(p, now, req.tokens.len());
+        if let Some(tool) = req.tool {
+            self.replicas.note_tool(p, tool, now);
+        }
         let Some(prog) = self.programs.get_mut(&p) else {
             return;
         };

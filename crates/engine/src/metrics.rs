@@ -1,4 +1,8 @@
-//! Counters and histograms the server exposes on `/metrics`.
+//! Counters and histograms the server exposes on `/metrics`, and the
+//! snapshot readers get of them ([`crate::board`]).
+
+use crate::board::Snapshot;
+use crate::core::Core;
 
 /// A cumulative histogram (Prometheus semantics).
 #[derive(Debug, Clone, PartialEq)]
@@ -76,8 +80,16 @@ pub struct MetricsSnapshot {
     pub e2e_s: Histogram,
     /// Time from a request's arrival to its first start on a replica.
     pub queue_wait_s: Histogram,
-    /// How long each critical section held the engine lock.
+    /// How long each critical section held the engine lock: every plan
+    /// that had work (submissions to route, a batch, pauses, restores,
+    /// cancellations, lease expiries), every commit, release and
+    /// subscription — from acquiring the lock to releasing it, including a
+    /// snapshot build done on the way out. Idle re-plans are not in it.
     pub lock_hold_s: Histogram,
+    /// The same for idle re-plans: a worker with nothing to run re-checking
+    /// leases and decay every 50 ms (or woken for nothing). Kept apart so
+    /// they do not dilute `lock_hold_s`'s quantiles with near-empty sections.
+    pub lock_idle_hold_s: Histogram,
     /// Tokens planned into steps, and the token budget those steps had
     /// (their ratio is the batch fill).
     pub batch_tokens: u64,
@@ -102,6 +114,7 @@ pub(crate) struct Counters {
     pub e2e_s: Histogram,
     pub queue_wait_s: Histogram,
     pub lock_hold_s: Histogram,
+    pub lock_idle_hold_s: Histogram,
     pub batch_tokens: u64,
     pub batch_budget: u64,
 }
@@ -116,8 +129,98 @@ impl Default for Counters {
             e2e_s: Histogram::latency(),
             queue_wait_s: Histogram::latency(),
             lock_hold_s: Histogram::lock_hold(),
+            lock_idle_hold_s: Histogram::lock_hold(),
             batch_tokens: 0,
             batch_budget: 0,
+        }
+    }
+}
+
+impl Default for MetricsSnapshot {
+    /// An engine that has done nothing yet.
+    fn default() -> Self {
+        let c = Counters::default();
+        Self {
+            num_requests_running: 0,
+            num_requests_waiting: 0,
+            kv_cache_usage: 0.0,
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
+            num_preemptions: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            block_size: 0,
+            num_gpu_blocks: 0,
+            ttft_s: c.ttft_s,
+            e2e_s: c.e2e_s,
+            queue_wait_s: c.queue_wait_s,
+            lock_hold_s: c.lock_hold_s,
+            lock_idle_hold_s: c.lock_idle_hold_s,
+            batch_tokens: 0,
+            batch_budget: 0,
+            exhaustion_preemptions: 0,
+            programs: Vec::new(),
+            pauses: 0,
+            restores: 0,
+            recomputed_tokens: 0,
+            requests_finished: 0,
+        }
+    }
+}
+
+impl Core {
+    /// The engine as readers see it: counters, gauges, histograms and the
+    /// program table. O(programs): built only when a reader asks
+    /// ([`crate::board::Board::end`]).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let stats = agentd_scheduler::Policy::stats(&self.replicas.policy);
+        let (mut queries, mut hits, mut referenced, mut total) = (0, 0, 0, 0);
+        for kv in &self.replicas.kv {
+            queries += kv.stats().query_tokens;
+            hits += kv.stats().hit_tokens;
+            referenced += kv.pool().num_referenced();
+            total += kv.pool().num_blocks();
+        }
+        let table = self.program_status();
+        let mut programs: Vec<(&'static str, &'static str, usize)> = Vec::new();
+        for s in &table {
+            match programs
+                .iter_mut()
+                .find(|(ph, st, _)| *ph == s.phase && *st == s.state)
+            {
+                Some(e) => e.2 += 1,
+                None => programs.push((s.phase, s.state, 1)),
+            }
+        }
+        let c = &self.counters;
+        let metrics = MetricsSnapshot {
+            num_requests_running: self.num_running(),
+            num_requests_waiting: self.num_waiting(),
+            kv_cache_usage: referenced as f64 / total.max(1) as f64,
+            prefix_cache_queries: queries,
+            prefix_cache_hits: hits,
+            num_preemptions: stats.total_pauses(),
+            prompt_tokens: c.prompt_tokens,
+            generation_tokens: c.generation_tokens,
+            block_size: self.cfg.block_size,
+            num_gpu_blocks: self.cfg.num_blocks,
+            ttft_s: c.ttft_s.clone(),
+            e2e_s: c.e2e_s.clone(),
+            queue_wait_s: c.queue_wait_s.clone(),
+            lock_hold_s: c.lock_hold_s.clone(),
+            lock_idle_hold_s: c.lock_idle_hold_s.clone(),
+            batch_tokens: c.batch_tokens,
+            batch_budget: c.batch_budget,
+            exhaustion_preemptions: self.replicas.stats().exhaustion_preemptions,
+            programs,
+            pauses: stats.total_pauses(),
+            restores: stats.restores,
+            recomputed_tokens: self.replicas.stats().recomputed_tokens,
+            requests_finished: c.requests_finished,
+        };
+        Snapshot {
+            metrics,
+            programs: table,
         }
     }
 }

@@ -5,15 +5,31 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agentd_models::{BatchBuilder, LogitsFor, StepRunner};
-use tracing::{error, info};
+use rayon::prelude::*;
+use tracing::{error, info, warn};
 
+use crate::board::Board;
 use crate::core::{Core, Sampled, SeqPlan};
+use crate::inbox::Inbox;
 use crate::FinishReason;
 
-/// A held engine lock that records its hold time when released.
+/// A held engine lock. Each acquisition is one numbered critical section
+/// ([`Board::begin`]); on release it publishes a snapshot if a reader asked,
+/// refreshes the inbox's waiting count and records its hold time — in
+/// `lock_hold_s`, or `lock_idle_hold_s` for an idle re-plan.
 pub(crate) struct Held<'a> {
     guard: MutexGuard<'a, Core>,
+    shared: &'a Shared,
     since: Instant,
+    seq: u64,
+    idle: bool,
+}
+
+impl Held<'_> {
+    /// This section was an idle re-plan: nothing changed.
+    pub fn set_idle(&mut self) {
+        self.idle = true;
+    }
 }
 
 impl std::ops::Deref for Held<'_> {
@@ -31,48 +47,103 @@ impl std::ops::DerefMut for Held<'_> {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
+        let (shared, core) = (self.shared, &mut *self.guard);
+        shared.board.end(core, self.seq, shared.inbox.taken());
+        shared.inbox.settle(core.num_waiting());
         let held = self.since.elapsed().as_secs_f64();
-        self.guard.counters.lock_hold_s.observe(held);
+        if self.idle {
+            core.counters.lock_idle_hold_s.observe(held);
+        } else {
+            core.counters.lock_hold_s.observe(held);
+        }
     }
 }
 
 /// How long an idle worker sleeps before re-checking leases and decay.
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
-/// Below this many rows to sample, one thread does it: a thread costs
-/// ~20 µs to start, a greedy row ~0.1 ms, a temperature row ~1 ms.
+/// Below this many rows to sample, the worker does it alone: handing rows
+/// to the pool costs a few µs, a greedy row ~0.1 ms, a temperature row ~1 ms.
 const PARALLEL_SAMPLING_MIN_ROWS: usize = 4;
+
+/// Wake-ups of idle workers. A kick sets every replica's flag under this
+/// mutex, so a kick between a worker's empty plan and its wait is not lost
+/// (the flag makes the wait return at once).
+pub(crate) struct Wake {
+    kicked: Mutex<Vec<bool>>,
+    cv: Vec<Condvar>,
+}
+
+impl Wake {
+    pub fn new(replicas: usize) -> Self {
+        Self {
+            kicked: Mutex::new(vec![false; replicas]),
+            cv: (0..replicas).map(|_| Condvar::new()).collect(),
+        }
+    }
+
+    fn kicked(&self) -> MutexGuard<'_, Vec<bool>> {
+        self.kicked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn kick_all(&self) {
+        self.kicked().fill(true);
+        for cv in &self.cv {
+            cv.notify_one();
+        }
+    }
+
+    /// Forgets kicks of `r` so far: called before it looks at the state, so
+    /// only kicks after that look wake it (a worker's own kicks after its
+    /// step would otherwise cost it an idle re-plan each).
+    fn clear(&self, r: usize) {
+        self.kicked()[r] = false;
+    }
+
+    /// Sleeps until kicked or `timeout` passes.
+    fn wait(&self, r: usize, timeout: Duration) {
+        let mut k = self.kicked();
+        if !k[r] {
+            k = match self.cv[r].wait_timeout(k, timeout) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        k[r] = false;
+    }
+}
 
 pub(crate) struct Shared {
     pub core: Mutex<Core>,
-    /// One per replica; all share `core`'s mutex.
-    pub wake: Vec<Condvar>,
+    pub wake: Wake,
+    /// Submissions not yet routed (pushed without the engine lock).
+    pub inbox: Inbox,
+    /// What readers see without the engine lock.
+    pub board: Board,
     /// End-of-sequence tokens, read by workers outside the lock.
     pub eos: Vec<u32>,
+    /// Threads of the pool a worker samples on when its runner has none
+    /// (the CPU runner lends its own).
+    pub threads_per_replica: usize,
 }
 
 impl Shared {
-    /// The engine lock, timed: how long it is held goes to the
-    /// `lock_hold_s` histogram when the guard drops. A poisoned lock means a
-    /// worker panicked mid-step; the bookkeeping is still the best state
-    /// there is, so keep serving the other programs.
+    /// The engine lock (see [`Held`]). A poisoned lock means a worker
+    /// panicked mid-step; the bookkeeping is still the best state there is,
+    /// so keep serving the other programs.
     pub fn lock(&self) -> Held<'_> {
+        let guard = self.core.lock().unwrap_or_else(|e| e.into_inner());
         Held {
-            guard: self.lock_untimed(),
+            guard,
+            shared: self,
             since: Instant::now(),
+            seq: self.board.begin(),
+            idle: false,
         }
-    }
-
-    /// The plain guard, for waiting on a condition variable; its holder
-    /// records the hold time itself.
-    fn lock_untimed(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn wake_all(&self) {
-        for cv in &self.wake {
-            cv.notify_one();
-        }
+        self.wake.kick_all();
     }
 }
 
@@ -83,37 +154,49 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
         device = %runner.device(),
         "worker started"
     );
+    // The runner's compute pool samples too (the forward is done by then);
+    // a runner without one (CUDA) gets a persistent pool of the same size.
+    let own_pool = if runner.compute_pool().is_none() {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(shared.threads_per_replica)
+            .thread_name(move |i| format!("agentd-r{r}-sample{i}"))
+            .build()
+            .map_err(|e| warn!(replica = r, error = %e, "no sampling pool; sampling on the worker"))
+            .ok()
+    } else {
+        None
+    };
     loop {
-        let mut plan = {
-            let mut core = shared.lock_untimed();
-            let mut since = Instant::now();
-            loop {
-                if core.shutdown {
-                    info!(replica = r, "worker stopped");
-                    return;
-                }
-                let plan = core.plan(r);
-                let held = since.elapsed().as_secs_f64();
-                core.counters.lock_hold_s.observe(held);
-                if !plan.is_empty() {
-                    break plan;
-                }
-                core = match shared.wake[r].wait_timeout(core, IDLE_TICK) {
-                    Ok((g, _)) => g,
-                    Err(e) => e.into_inner().0,
-                };
-                since = Instant::now();
+        let mut plan = loop {
+            shared.wake.clear(r);
+            let mut core = shared.lock();
+            if core.shutdown {
+                info!(replica = r, "worker stopped");
+                return;
             }
+            let submitted = shared.inbox.take();
+            let fresh = !submitted.is_empty();
+            core.accept(submitted);
+            let step = core.plan(r);
+            if !step.seqs.is_empty() {
+                break step.seqs;
+            }
+            if !(fresh || step.changed) {
+                core.set_idle();
+            }
+            drop(core);
+            shared.wake.wait(r, IDLE_TICK);
         };
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
         let result = forward(runner.as_mut(), &plan);
-        let sampled = result.map(|rows| sample(&mut plan, &rows, &shared.eos));
+        let pool = runner.compute_pool().or(own_pool.as_ref());
+        let sampled = result.map(|rows| sample(&mut plan, &rows, &shared.eos, pool));
         let mut core = shared.lock();
         match sampled {
             Ok(sampled) => core.commit(r, plan, sampled),
             Err(e) => {
-                error!(replica = r, error = %e, "model forward failed; aborting the step's requests");
+                error!(replica = r, error = %e, "model forward failed; ending the step's requests");
                 core.abort_step(r, plan);
             }
         }
@@ -139,10 +222,16 @@ fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_models::Resu
 }
 
 /// Samples each sequence's next token from its logits row with its own
-/// sampler, outside the engine lock, in parallel across sequences (each
-/// sampler owns its RNG, so the result does not depend on the split). The
-/// result is aligned with `plan`: `None` where no logits were asked for.
-fn sample(plan: &mut [SeqPlan], rows: &[Vec<f32>], eos: &[u32]) -> Vec<Option<Sampled>> {
+/// sampler, outside the engine lock, in parallel across sequences on the
+/// replica's pool (each sampler owns its RNG, so the result does not depend
+/// on the split). The result is aligned with `plan`: `None` where no logits
+/// were asked for.
+fn sample(
+    plan: &mut [SeqPlan],
+    rows: &[Vec<f32>],
+    eos: &[u32],
+    pool: Option<&rayon::ThreadPool>,
+) -> Vec<Option<Sampled>> {
     let mut outs: Vec<Option<Sampled>> = plan.iter().map(|_| None).collect();
     let mut rows = rows.iter();
     let mut jobs: Vec<Job<'_>> = Vec::with_capacity(plan.len());
@@ -152,16 +241,13 @@ fn sample(plan: &mut [SeqPlan], rows: &[Vec<f32>], eos: &[u32]) -> Vec<Option<Sa
             jobs.push((sampler, row, out));
         }
     }
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    if jobs.len() >= PARALLEL_SAMPLING_MIN_ROWS && threads > 1 {
-        let chunk = jobs.len().div_ceil(threads);
-        std::thread::scope(|scope| {
-            for c in jobs.chunks_mut(chunk) {
-                scope.spawn(move || c.iter_mut().for_each(|j| sample_one(j, eos)));
-            }
-        });
-    } else {
-        jobs.iter_mut().for_each(|j| sample_one(j, eos));
+    match pool {
+        Some(pool)
+            if jobs.len() >= PARALLEL_SAMPLING_MIN_ROWS && pool.current_num_threads() > 1 =>
+        {
+            pool.install(|| jobs.par_iter_mut().for_each(|j| sample_one(j, eos)));
+        }
+        _ => jobs.iter_mut().for_each(|j| sample_one(j, eos)),
     }
     outs
 }
@@ -176,12 +262,7 @@ type Job<'a> = (
 fn sample_one((sampler, row, out): &mut Job<'_>, eos: &[u32]) {
     **out = Some(match sampler.sample(row) {
         Ok(output) => {
-            let finish = sampler
-                .finish_reason(output.token_id, eos)
-                .map(|f| match f {
-                    agentd_models::sampling::FinishReason::Stop => FinishReason::Stop,
-                    agentd_models::sampling::FinishReason::Length => FinishReason::Length,
-                });
+            let finish = sampler.finish_reason(output.token_id, eos);
             Sampled {
                 output: Some(output),
                 finish,
@@ -191,7 +272,7 @@ fn sample_one((sampler, row, out): &mut Job<'_>, eos: &[u32]) {
             error!(error = %e, "sampling failed; ending the request");
             Sampled {
                 output: None,
-                finish: Some(FinishReason::Cancelled),
+                finish: Some(FinishReason::Error),
             }
         }
     });

@@ -74,6 +74,8 @@ fn request(program: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> Genera
         final_request: false,
         parent_program: None,
         cache_salt: 0,
+        group: None,
+        tool: None,
     }
 }
 
@@ -136,9 +138,9 @@ fn a_programs_next_turn_reuses_its_kv() {
     // Everything computed before is reused, including the partial last block;
     // only the last sampled token (never fed back) and the new tokens are new.
     assert_eq!(u2.cached_tokens, prompt.len() + gen.len() - 1);
-    let m = e.metrics();
+    let m = e.snapshot_blocking().metrics.clone();
     assert!(m.prefix_cache_hits >= u2.cached_tokens as u64);
-    let progs = e.programs();
+    let progs = e.snapshot_blocking().programs.clone();
     assert_eq!(progs.len(), 1);
     assert_eq!(progs[0].id, "agent");
     assert_eq!(progs[0].steps, 2);
@@ -172,7 +174,7 @@ fn paused_programs_finish_with_the_uncontended_tokens() {
     for (s, w) in streams.into_iter().zip(&want) {
         assert_eq!(&collect(s).0, w, "same tokens as uncontended");
     }
-    let m = tight.metrics();
+    let m = tight.snapshot_blocking().metrics.clone();
     assert!(m.pauses > 0, "memory pressure paused someone: {m:?}");
     assert!(m.restores > 0, "{m:?}");
     assert!(
@@ -190,12 +192,12 @@ fn dropping_a_stream_cancels_and_frees() {
     assert!(matches!(s.blocking_next(), Some(Event::Token(_))));
     drop(s);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while e.metrics().num_requests_running > 0 {
+    while e.snapshot_blocking().metrics.num_requests_running > 0 {
         assert!(Instant::now() < deadline, "cancelled request still running");
         std::thread::sleep(Duration::from_millis(5));
     }
     // A one-off program is released with its request: nothing stays referenced.
-    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+    assert_eq!(e.snapshot_blocking().metrics.kv_cache_usage, 0.0);
     let (toks, _, _) = collect(e.submit(request(None, prompt, 3)).expect("ok"));
     assert_eq!(toks.len(), 3);
 }
@@ -207,11 +209,14 @@ fn release_ends_a_program_and_frees_its_blocks() {
         e.submit(request(Some("r"), (0..40).collect(), 5))
             .expect("ok"),
     );
-    assert!(e.metrics().kv_cache_usage > 0.0, "kept between requests");
+    assert!(
+        e.snapshot_blocking().metrics.kv_cache_usage > 0.0,
+        "kept between requests"
+    );
     assert!(e.release("r"));
     assert!(!e.release("r"), "already gone");
-    assert!(e.programs().is_empty());
-    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+    assert!(e.snapshot_blocking().programs.is_empty());
+    assert_eq!(e.snapshot_blocking().metrics.kv_cache_usage, 0.0);
 }
 
 #[test]
@@ -329,12 +334,16 @@ fn two_replicas_share_one_queue_and_match_greedy() {
     for (s, (_, want)) in streams.into_iter().zip(&cases) {
         assert_eq!(&collect(s).0, want);
     }
-    let replicas: std::collections::BTreeSet<Option<usize>> =
-        e.programs().iter().map(|p| p.replica).collect();
+    let replicas: std::collections::BTreeSet<Option<usize>> = e
+        .snapshot_blocking()
+        .programs
+        .iter()
+        .map(|p| p.replica)
+        .collect();
     assert_eq!(
         replicas.len(),
         2,
         "programs were placed on both replicas: {:?}",
-        e.programs()
+        e.snapshot_blocking().programs
     );
 }

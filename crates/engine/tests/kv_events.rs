@@ -51,6 +51,8 @@ fn generate(e: &Engine, program: &str, prompt: Vec<u32>, final_request: bool) ->
             final_request,
             parent_program: None,
             cache_salt: 0,
+            group: None,
+            tool: None,
         })
         .expect("accepted");
     let mut out = Vec::new();

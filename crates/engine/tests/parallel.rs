@@ -39,6 +39,8 @@ fn submit(
         final_request: last,
         parent_program: None,
         cache_salt: 0,
+        group: None,
+        tool: None,
     })
     .expect("accepted")
 }
@@ -88,14 +90,16 @@ fn a_parallel_request_runs_beside_the_busy_one_with_its_uncontended_tokens() {
     // planned in the same step as A's prefill, before A's blocks existed.
     assert!(cached_b == 0 || cached_b == 64, "{cached_b}");
     let agent = e
-        .programs()
-        .into_iter()
+        .snapshot_blocking()
+        .programs
+        .iter()
         .find(|p| p.id == "agent")
+        .cloned()
         .expect("program");
     assert_eq!(agent.steps, 2, "both requests count as the program's steps");
     assert_eq!(agent.parallel_requests, 0);
     assert!(e.release("agent"));
-    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+    assert_eq!(e.snapshot_blocking().metrics.kv_cache_usage, 0.0);
 }
 
 #[test]
@@ -105,18 +109,24 @@ fn releasing_a_program_cancels_its_parallel_requests() {
     let second = submit(&e, "p", (1..30).collect(), 80, false);
     let third = submit(&e, "p", (5..45).collect(), 80, false);
     let listed = e
-        .programs()
-        .into_iter()
+        .snapshot_blocking()
+        .programs
+        .iter()
         .find(|p| p.id == "p")
+        .cloned()
         .expect("program");
     assert_eq!(listed.parallel_requests, 2);
     assert!(e.release("p"));
     for s in [first, second, third] {
         assert_eq!(collect(s).1, FinishReason::Cancelled);
     }
-    assert!(e.programs().iter().all(|p| p.id != "p"));
+    assert!(e.snapshot_blocking().programs.iter().all(|p| p.id != "p"));
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(e.metrics().kv_cache_usage, 0.0, "no block leaked");
+    assert_eq!(
+        e.snapshot_blocking().metrics.kv_cache_usage,
+        0.0,
+        "no block leaked"
+    );
 }
 
 #[test]
@@ -134,6 +144,6 @@ fn a_final_parallel_request_releases_the_program_when_it_ends() {
         FinishReason::Length | FinishReason::Cancelled
     ));
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(e.programs().iter().all(|p| p.id != "q"));
-    assert_eq!(e.metrics().kv_cache_usage, 0.0);
+    assert!(e.snapshot_blocking().programs.iter().all(|p| p.id != "q"));
+    assert_eq!(e.snapshot_blocking().metrics.kv_cache_usage, 0.0);
 }

@@ -40,6 +40,8 @@ fn run(e: &Engine, program: Option<&str>, final_request: bool) {
             final_request,
             parent_program: None,
             cache_salt: 0,
+            group: None,
+            tool: None,
         })
         .expect("submitted");
     while let Some(ev) = s.blocking_next() {
@@ -134,7 +136,7 @@ fn lease_expiry_is_announced() {
             reason: EndReason::LeaseExpired
         })
     );
-    assert!(e.programs().is_empty());
+    assert!(e.snapshot_blocking().programs.is_empty());
 }
 
 #[test]
@@ -153,6 +155,8 @@ fn a_final_parallel_request_ends_its_program_as_final_once() {
             final_request,
             parent_program: None,
             cache_salt: 0,
+            group: None,
+            tool: None,
         })
         .expect("submitted")
     };

@@ -1,5 +1,5 @@
 //! The engine over the `StepRunner` seam: runners must match the
-//! configuration, and a backend failure mid-step cancels only that step's
+//! configuration, and a backend failure mid-step ends only that step's
 //! requests while the engine keeps serving with its blocks intact.
 
 use std::path::PathBuf;
@@ -66,6 +66,8 @@ fn run(engine: &Engine, program: &str, prompt: Vec<u32>) -> (Vec<u32>, FinishRea
             final_request: false,
             parent_program: None,
             cache_salt: 0,
+            group: None,
+            tool: None,
         })
         .expect("accepted");
     let mut toks = Vec::new();
@@ -95,7 +97,7 @@ fn runners_must_match_the_configuration() {
 }
 
 #[test]
-fn a_failed_step_cancels_its_requests_and_the_engine_keeps_serving() {
+fn a_failed_step_ends_its_requests_and_the_engine_keeps_serving() {
     let m = model();
     let cfg = config();
     let prompt: Vec<u32> = (1..40).collect();
@@ -116,8 +118,8 @@ fn a_failed_step_cancels_its_requests_and_the_engine_keeps_serving() {
     let (_, reason) = run(&engine, "a", prompt.clone());
     assert_eq!(
         reason,
-        FinishReason::Cancelled,
-        "the failed step's request ends"
+        FinishReason::Error,
+        "the failed step's request ends with an error"
     );
     // The next request of another program (and of the same one) completes
     // with the uncontended tokens.
@@ -128,6 +130,6 @@ fn a_failed_step_cancels_its_requests_and_the_engine_keeps_serving() {
     assert_eq!(run(&engine, "a", prompt), (want, FinishReason::Length));
     assert!(engine.release("a") && engine.release("b"));
     assert!(steps.load(Ordering::SeqCst) > 2);
-    let m = engine.metrics();
+    let m = engine.snapshot_blocking().metrics.clone();
     assert_eq!(m.kv_cache_usage, 0.0, "no block leaked by the failed step");
 }

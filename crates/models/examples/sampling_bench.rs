@@ -89,9 +89,9 @@ impl FullSort {
             l.iter_mut().for_each(|x| *x /= p.temperature);
             let mut cand: Vec<usize> = (0..l.len()).collect();
             let by = |a: &usize, b: &usize| l[*b].total_cmp(&l[*a]).then(a.cmp(b));
-            if p.top_k > 0 && p.top_k < cand.len() {
-                cand.select_nth_unstable_by(p.top_k - 1, by);
-                cand.truncate(p.top_k);
+            if let Some(k) = p.top_k_limit().filter(|&k| k < cand.len()) {
+                cand.select_nth_unstable_by(k - 1, by);
+                cand.truncate(k);
             }
             cand.sort_unstable_by(by);
             let max = l[cand[0]];

@@ -47,5 +47,5 @@ pub use error::{ModelError, Result};
 pub use loader::LoadDtype;
 pub use model::{Model, Qwen3Model};
 pub use runner::{CpuRunner, StepRunner};
-pub use sampling::{SampleOutput, SamplingParams, SequenceSampler};
+pub use sampling::{FinishReason, InvalidSampling, SampleOutput, SamplingParams, SequenceSampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

@@ -25,6 +25,14 @@ pub trait StepRunner: Send {
 
     /// Where the step runs, for logs ("cpu", "cuda:0").
     fn device(&self) -> String;
+
+    /// The runner's CPU compute threads, if it has its own: the engine
+    /// samples a step's rows on them once the forward is done, so sampling
+    /// uses the replica's share of the cores and no more. `None` (a GPU
+    /// backend) makes the engine keep a pool of its own per replica.
+    fn compute_pool(&self) -> Option<&rayon::ThreadPool> {
+        None
+    }
 }
 
 /// The CPU runtime on its own rayon pool (replicas split the cores, so they
@@ -82,5 +90,9 @@ impl StepRunner for CpuRunner {
 
     fn device(&self) -> String {
         format!("cpu ({} threads)", self.threads())
+    }
+
+    fn compute_pool(&self) -> Option<&rayon::ThreadPool> {
+        Some(&self.pool)
     }
 }

@@ -39,8 +39,8 @@ fn exact(logits: &[f32], p: &SamplingParams) -> Vec<f64> {
         .collect();
     let mut order: Vec<usize> = (0..x.len()).collect();
     order.sort_by(|&a, &b| x[b].total_cmp(&x[a]));
-    if p.top_k > 0 {
-        order.truncate(p.top_k);
+    if let Some(k) = p.top_k_limit() {
+        order.truncate(k);
     }
     let m = x[order[0]];
     let w: Vec<f64> = order.iter().map(|&i| (x[i] - m).exp()).collect();
@@ -140,7 +140,7 @@ fn check(
     );
 }
 
-fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
+fn params(temperature: f32, top_k: i64, top_p: f32, min_p: f32) -> SamplingParams {
     SamplingParams {
         temperature,
         top_k,

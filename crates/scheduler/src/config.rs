@@ -85,6 +85,27 @@ pub struct SchedulerConfig {
     /// for a program that has waited this long (seconds) and would not fit
     /// otherwise.
     pub idle_reclaim_after_s: f64,
+    /// Bounded bypass: a queued program passed over by this many admissions
+    /// of others is *overdue*: overdue programs are admitted first, oldest
+    /// first, and the first that fits nowhere reserves a replica (see
+    /// `admit.rs`), so no program is overtaken more than this many times.
+    pub max_bypass: u64,
+    /// Bounded waiting in time: a program queued this long (seconds) is
+    /// overdue too, and may pause programs resident for at least this long
+    /// to make room (acting ones first, then reasoning ones), so the oldest
+    /// queued program waits at most about twice this. It costs throughput
+    /// at high oversubscription (residency rotates, contexts are recomputed:
+    /// `agentd simulate` swe at 96 programs, 298 -> 150 steps/min with 60 s):
+    /// off (infinity) by default.
+    pub max_wait_s: f64,
+    /// How long a group announced with a size waits for its missing members
+    /// before it is admitted with those that arrived (seconds).
+    pub group_gather_s: f64,
+    /// Base `x` of the per-tool decay `x^(−R/Δ)` (`tools.rs`): a named
+    /// tool's acting memory is weighted by its expected remaining time `R`
+    /// rather than by the global decay; 1 (the default, as for the global
+    /// decay) disables it. Named tools set the pause order whatever this is.
+    pub tool_decay_base: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -94,17 +115,28 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
-    /// The defaults. λmin = 0.95 and Δ = 10 s differ from DESIGN §4's 0.9 and
-    /// 1 s: measured with `agentd simulate` (see the README), Δ = 1 s discounts
-    /// an acting SWE program's memory to a quarter within a 2 s tool call, which
-    /// admits into blocks that are still held and thrashes; the paper's own
-    /// setting is x = 2 per 5 s detection tick. The narrower hysteresis band
-    /// keeps replicas' usage within a few percent of each other.
+    /// The defaults, measured with `agentd simulate` (H100 cost model, swe,
+    /// toolorch and bimodal workloads at 48-192 programs; docs/results):
+    /// * no decay (x = 1), where DESIGN §4 has x = 2, Δ = 1 s and the
+    ///   previous default was Δ = 10 s: a decayed acting program's blocks
+    ///   are lent to admissions while it still references them, so when its
+    ///   tool returns the pool runs out mid-decode and programs are paused
+    ///   and recomputed. At 96 programs decay x = 2, Δ = 10 s gave toolorch
+    ///   124 steps/min (hit 0.68) against 159 (0.88) without; bimodal 183
+    ///   against 264; swe 301 against 305. The decode step is bound by KV
+    ///   reads at these batches, so more resident programs add little while
+    ///   every lent block costs a recompute. An idle replica still takes
+    ///   acting programs' blocks at once (work conservation).
+    /// * λmin = 0.95 (DESIGN: 0.9): the narrower band keeps replicas' usage
+    ///   within a few percent of each other.
+    /// * a program passed over 16 times is admitted first: the slowest
+    ///   request at 96 swe programs 401 -> 279 s, at 192 989 -> 542 s, at
+    ///   no cost in steps/min.
     pub const DEFAULT: Self = Self {
         policy: PolicyKind::Program,
         lambda_min: 0.95,
         lambda_max: 1.0,
-        decay_base: 2.0,
+        decay_base: 1.0,
         decay_unit_s: 10.0,
         decode_reserve_blocks: 1,
         aging_tokens_per_s: 256.0,
@@ -112,16 +144,23 @@ impl SchedulerConfig {
         max_running: 256,
         demand_refresh_s: 0.25,
         placement: Placement::MostRoom,
-        idle_reclaim_after_s: 0.5,
+        idle_reclaim_after_s: 0.0,
+        max_bypass: 16,
+        max_wait_s: f64::INFINITY,
+        group_gather_s: 0.05,
+        tool_decay_base: 1.0,
     };
 
     /// `f(t) = x^(-t/Δ)`: the weight of an acting program's exclusive memory
     /// `t` seconds into its tool call.
     pub fn decay(&self, t: f64) -> f64 {
-        if self.decay_base <= 1.0 || self.decay_unit_s <= 0.0 {
-            return 1.0;
-        }
-        self.decay_base.powf(-t.max(0.0) / self.decay_unit_s)
+        decay(self.decay_base, self.decay_unit_s, t)
+    }
+
+    /// `x^(-R/Δ)` with the per-tool base: the weight of an acting program
+    /// whose tool is expected to run `R` more seconds.
+    pub fn tool_decay(&self, remaining: f64) -> f64 {
+        decay(self.tool_decay_base, self.decay_unit_s, remaining)
     }
 
     /// Checks the relations the policy relies on.
@@ -133,12 +172,28 @@ impl SchedulerConfig {
                 self.lambda_min, self.lambda_max
             ));
         }
-        if self.decay_base < 1.0 || self.decay_unit_s <= 0.0 {
+        if self.decay_base < 1.0 || self.tool_decay_base < 1.0 || self.decay_unit_s <= 0.0 {
             return Err("decay base must be >= 1 and its unit > 0".into());
+        }
+        if self.max_wait_s.is_nan()
+            || self.max_wait_s <= 0.0
+            || self.group_gather_s < 0.0
+            || self.idle_reclaim_after_s < 0.0
+        {
+            return Err(
+                "max_wait_s must be > 0, group_gather_s and idle_reclaim_after_s >= 0".into(),
+            );
         }
         if self.max_running == 0 {
             return Err("max_running must be at least 1".into());
         }
         Ok(())
     }
+}
+
+fn decay(base: f64, unit_s: f64, t: f64) -> f64 {
+    if base <= 1.0 || unit_s <= 0.0 {
+        return 1.0;
+    }
+    base.powf(-t.max(0.0) / unit_s)
 }

@@ -18,16 +18,20 @@
 //! KV caches, used alike by the engine, the simulator and the tests; the
 //! policies only read the caches, through [`Memory`].
 
+mod admit;
 mod config;
+mod groups;
 mod memory;
 mod program;
 mod program_policy;
 mod queue;
 mod replica_set;
 mod request_policy;
+mod tools;
 
 pub use agentd_kv::ProgramId;
 pub use config::{Placement, PolicyKind, SchedulerConfig};
+pub use groups::{GroupId, GroupJoin};
 pub use memory::{Memory, Replicas};
 pub use program::{Phase, ProgramInfo, State};
 pub use program_policy::ProgramScheduler;
@@ -36,6 +40,7 @@ pub use replica_set::{
     Contexts, CoreStats, Planned, ReplicaSet, Scheduled, Started, StepPlan, LEASE_CHECK_S,
 };
 pub use request_policy::RequestScheduler;
+pub use tools::{ToolId, MIN_SAMPLES as TOOL_MIN_SAMPLES};
 
 /// Where a newly arrived request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +80,19 @@ pub struct PolicyStats {
     /// Acting programs paused so that a waiting program runs on a replica
     /// that would otherwise idle (work conservation).
     pub work_conserving_pauses: u64,
+    /// Programs paused to make room for an overdue one (bounded waiting).
+    pub overdue_pauses: u64,
     /// Paused programs admitted again.
     pub restores: u64,
     /// First admissions of new programs / requests.
     pub admissions: u64,
+}
+
+impl PolicyStats {
+    /// Every pause, whatever its cause.
+    pub fn total_pauses(&self) -> u64 {
+        self.pauses + self.exhaustion_pauses + self.work_conserving_pauses + self.overdue_pauses
+    }
 }
 
 /// A scheduling policy. Calls are made by the engine at well-defined points;
@@ -90,6 +104,13 @@ pub trait Policy: Send {
     /// Returns true when the engine must drop the program's KV references now
     /// (request-level policies); false when the program keeps them.
     fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool;
+    /// `p` (about to send a request) belongs to a group; called before its
+    /// `on_request`. Policies without groups ignore it.
+    fn join_group(&mut self, _p: ProgramId, _join: GroupJoin, _now: f64) {}
+    /// `p`, acting since its last request finished, runs `tool` (named by the
+    /// request or by the tool calls it returned). Policies without per-tool
+    /// statistics ignore it.
+    fn on_tool(&mut self, _p: ProgramId, _tool: ToolId, _now: f64) {}
     /// The program ended (release, final request, lease). The engine releases its KV.
     fn on_terminate(&mut self, p: ProgramId);
     /// Programs whose inactivity lease ran out; they are terminated already.
@@ -123,6 +144,12 @@ impl<T: Policy + ?Sized> Policy for Box<T> {
     }
     fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
         (**self).on_request_finished(p, now, context_tokens)
+    }
+    fn join_group(&mut self, p: ProgramId, join: GroupJoin, now: f64) {
+        (**self).join_group(p, join, now)
+    }
+    fn on_tool(&mut self, p: ProgramId, tool: ToolId, now: f64) {
+        (**self).on_tool(p, tool, now)
     }
     fn on_terminate(&mut self, p: ProgramId) {
         (**self).on_terminate(p)

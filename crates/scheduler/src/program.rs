@@ -1,4 +1,4 @@
-use crate::ProgramId;
+use crate::{GroupId, ProgramId, ToolId};
 
 /// What a program is doing (DESIGN §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +32,10 @@ pub struct ProgramInfo {
     /// Requests completed.
     pub steps: u64,
     pub waiting: bool,
+    /// Its rollout group, if any.
+    pub group: Option<GroupId>,
+    /// The tool it said it runs (acting), if any.
+    pub tool: Option<ToolId>,
 }
 
 /// The scheduler's record of a program.
@@ -50,6 +54,14 @@ pub(crate) struct Program {
     pub waiting: bool,
     /// When it last started waiting for admission.
     pub waiting_since: f64,
+    /// When it was last admitted (restored or first started): bounded
+    /// waiting never pauses a program resident for less than the bound.
+    pub admitted_at: f64,
+    pub group: Option<GroupId>,
+    /// Leading tokens shared with its group's first member.
+    pub group_shared_tokens: usize,
+    /// The tool its current acting phase runs, when named.
+    pub tool: Option<ToolId>,
     /// Cached (shared prefix blocks, measured at) for restore-need estimates.
     pub shared_estimate: Option<(usize, f64)>,
 }
@@ -68,6 +80,10 @@ impl Program {
             admitted_once: false,
             waiting: false,
             waiting_since: now,
+            admitted_at: now,
+            group: None,
+            group_shared_tokens: 0,
+            tool: None,
             shared_estimate: None,
         }
     }
@@ -89,6 +105,8 @@ impl Program {
             context_tokens: self.context_tokens,
             steps: self.steps,
             waiting: self.waiting,
+            group: self.group,
+            tool: self.tool,
         }
     }
 }

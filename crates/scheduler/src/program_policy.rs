@@ -18,29 +18,30 @@ use std::collections::{BTreeSet, HashMap};
 
 use tracing::debug;
 
+use crate::groups::{GroupJoin, GroupTable};
 use crate::program::Program;
 use crate::queue::{QueueClass, WaitingQueue};
+use crate::tools::{ToolId, ToolTable};
 use crate::{
-    Decision, Memory, Phase, Placement, Policy, PolicyStats, ProgramId, ProgramInfo, Route,
-    SchedulerConfig, State,
+    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, ProgramInfo, Route, SchedulerConfig,
+    State,
 };
-
-/// Admissions per decision, so one step boundary never stalls on a long queue.
-const MAX_ADMITS_PER_STEP: usize = 64;
 
 /// Program-level policy state: the program table, per-replica active sets and
 /// the global waiting queue.
 pub struct ProgramScheduler {
-    cfg: SchedulerConfig,
-    programs: HashMap<ProgramId, Program>,
+    pub(crate) cfg: SchedulerConfig,
+    pub(crate) programs: HashMap<ProgramId, Program>,
     /// Active programs per replica (ordered: deterministic iteration).
-    active: Vec<BTreeSet<ProgramId>>,
-    queue: WaitingQueue,
+    pub(crate) active: Vec<BTreeSet<ProgramId>>,
+    pub(crate) queue: WaitingQueue,
     /// Reasoning programs active per replica (the `running(L)` of the demand).
-    running: Vec<usize>,
+    pub(crate) running: Vec<usize>,
     /// Last computed demand per replica and when (for placement elsewhere).
-    demand: Vec<(f64, f64)>,
-    stats: PolicyStats,
+    pub(crate) demand: Vec<(f64, f64)>,
+    pub(crate) groups: GroupTable,
+    pub(crate) tools: ToolTable,
+    pub(crate) stats: PolicyStats,
 }
 
 impl ProgramScheduler {
@@ -53,6 +54,8 @@ impl ProgramScheduler {
             queue,
             running: vec![0; num_replicas.max(1)],
             demand: vec![(0.0, f64::NEG_INFINITY); num_replicas.max(1)],
+            groups: GroupTable::default(),
+            tools: ToolTable::default(),
             stats: PolicyStats::default(),
         }
     }
@@ -67,6 +70,17 @@ impl ProgramScheduler {
         &self.queue
     }
 
+    /// `f` for an acting program now: its tool's remaining time when it named
+    /// one with enough history (`tools.rs`), else the elapsed-time decay.
+    pub(crate) fn acting_weight(&self, prog: &Program, now: f64) -> f64 {
+        if self.cfg.tool_decay_base > 1.0 {
+            if let Some(r) = self.expected_remaining(prog, now) {
+                return self.cfg.tool_decay(r);
+            }
+        }
+        self.cfg.decay(now - prog.acting_since)
+    }
+
     /// `D(L)` as defined in the module docs, in blocks.
     pub fn demand(&self, l: usize, now: f64, mem: &dyn Memory) -> f64 {
         let mut d = mem.referenced(l) as f64;
@@ -76,7 +90,7 @@ impl ProgramScheduler {
             };
             match prog.phase {
                 Phase::Acting => {
-                    let f = self.cfg.decay(now - prog.acting_since);
+                    let f = self.acting_weight(prog, now);
                     d -= mem.exclusive(l, *p) as f64 * (1.0 - f);
                 }
                 // Blocks of a prompt admitted but not prefilled yet are not
@@ -93,7 +107,7 @@ impl ProgramScheduler {
 
     /// Applies `change` to `p`'s record, keeping the per-replica running
     /// counts (active reasoning programs) exact.
-    fn update(&mut self, p: ProgramId, change: impl FnOnce(&mut Program)) {
+    pub(crate) fn update(&mut self, p: ProgramId, change: impl FnOnce(&mut Program)) {
         let Some(prog) = self.programs.get_mut(&p) else {
             return;
         };
@@ -112,20 +126,43 @@ impl ProgramScheduler {
 
     /// Active programs of `l` in pause order: acting first, then shortest first
     /// (fewest blocks held: recompute ∝ c², so short ones are cheapest to lose).
-    fn pause_order(&self, l: usize, mem: &dyn Memory) -> Vec<(ProgramId, Phase, usize)> {
-        let mut v: Vec<(ProgramId, Phase, usize)> = self.active[l]
+    /// Acting programs in a named tool whose durations are known go by their
+    /// expected remaining time first: one 5 s into a 20 s test run before one
+    /// in a 0.3 s read, which is back before its blocks could serve anyone;
+    /// those with a tool expected back within a second, and the unnamed ones,
+    /// keep the shortest-first order among themselves.
+    pub(crate) fn pause_order(
+        &self,
+        l: usize,
+        now: f64,
+        mem: &dyn Memory,
+    ) -> Vec<(ProgramId, Phase, usize)> {
+        let mut v: Vec<(ProgramId, Phase, usize, u64)> = self.active[l]
             .iter()
             .filter_map(|p| {
                 let prog = self.programs.get(p)?;
-                Some((*p, prog.phase, mem.blocks_held(l, *p)))
+                let remaining = match prog.phase {
+                    Phase::Acting => self.expected_remaining(prog, now).unwrap_or(0.0),
+                    Phase::Reasoning => 0.0,
+                };
+                // Whole seconds, longest first; below one second, no tier.
+                let tier = u64::MAX - remaining.clamp(0.0, 1e9) as u64;
+                Some((*p, prog.phase, mem.blocks_held(l, *p), tier))
             })
             .collect();
-        v.sort_by_key(|&(p, phase, held)| (phase == Phase::Reasoning, held, p));
-        v
+        v.sort_by_key(|&(p, phase, held, tier)| (phase == Phase::Reasoning, tier, held, p));
+        v.into_iter().map(|(p, ph, h, _)| (p, ph, h)).collect()
+    }
+
+    /// The expected remaining acting time of `prog`, when it named a tool
+    /// with enough observed durations.
+    fn expected_remaining(&self, prog: &Program, now: f64) -> Option<f64> {
+        let tool = prog.tool?;
+        self.tools.expected_remaining(tool, now - prog.acting_since)
     }
 
     /// Marks `p` paused; a reasoning program's request goes back to the queue.
-    fn mark_paused(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) {
+    pub(crate) fn mark_paused(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) {
         let Some(l) = self.programs.get(&p).and_then(|q| q.replica) else {
             return;
         };
@@ -155,26 +192,11 @@ impl ProgramScheduler {
         if d <= cap {
             return d;
         }
-        for (p, phase, held) in self.pause_order(l, mem) {
+        for (p, phase, held) in self.pause_order(l, now, mem) {
             if d <= cap {
                 break;
             }
-            let excl = mem.exclusive(l, p) as f64;
-            let freed = match phase {
-                Phase::Acting => {
-                    let since = self.programs.get(&p).map_or(now, |q| q.acting_since);
-                    excl * self.cfg.decay(now - since)
-                }
-                // Its whole term of `D` goes: the blocks only it references,
-                // the blocks of its prompt not prefilled yet, its reserve.
-                Phase::Reasoning => {
-                    let want = self
-                        .programs
-                        .get(&p)
-                        .map_or(0, |q| mem.blocks_for(q.context_tokens));
-                    excl + want.saturating_sub(held) as f64 + self.cfg.decode_reserve_blocks as f64
-                }
-            };
+            let freed = self.freed_by_pausing(l, p, phase, held, now, mem);
             if phase == Phase::Acting && freed < 1.0 {
                 // Its memory already counts as (almost) free in D: pausing it
                 // would not bring D down, only throw away a cache that costs
@@ -190,6 +212,31 @@ impl ProgramScheduler {
         d
     }
 
+    /// What pausing `p` takes off `D(l)`: an acting program its weighted
+    /// exclusive blocks; a reasoning one its whole term — the blocks only it
+    /// references, the blocks of its prompt not prefilled yet, its reserve.
+    pub(crate) fn freed_by_pausing(
+        &self,
+        l: usize,
+        p: ProgramId,
+        phase: Phase,
+        held: usize,
+        now: f64,
+        mem: &dyn Memory,
+    ) -> f64 {
+        let excl = mem.exclusive(l, p) as f64;
+        let Some(prog) = self.programs.get(&p) else {
+            return excl;
+        };
+        match phase {
+            Phase::Acting => excl * self.acting_weight(prog, now),
+            Phase::Reasoning => {
+                let want = mem.blocks_for(prog.context_tokens);
+                excl + want.saturating_sub(held) as f64 + self.cfg.decode_reserve_blocks as f64
+            }
+        }
+    }
+
     /// Blocks `p` would add when restored: its context plus the decode
     /// reserve, less the leading blocks of its chain that other programs
     /// reference (the shared system prompt, typically), and whether its own
@@ -199,7 +246,7 @@ impl ProgramScheduler {
     /// others too (every busy replica holds the common system prompt); it is
     /// cached for `demand_refresh_s` because the queue head is examined at every
     /// step of every replica while it waits.
-    fn need(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) -> (f64, bool) {
+    pub(crate) fn need(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) -> (f64, bool) {
         let Some(prog) = self.programs.get(&p) else {
             return (0.0, false);
         };
@@ -221,198 +268,33 @@ impl ProgramScheduler {
         ((total - shared.min(total)) as f64, own_survives)
     }
 
-    /// Restores from the global queue while some replica has room under λmin.
-    fn admit(&mut self, l: usize, now: f64, mem: &dyn Memory, out: &mut Decision) {
-        if self.queue.is_empty() {
-            return;
-        }
-        let n = self.active.len();
-        let mut tentative: Vec<f64> = (0..n)
-            .map(|r| {
-                if r != l && now - self.demand[r].1 > self.cfg.demand_refresh_s {
-                    let d = self.demand(r, now, mem);
-                    self.demand[r] = (d, now);
-                }
-                self.demand[r].0
-            })
-            .collect();
-        let mut running = self.running.clone();
-        let mut empty: Vec<bool> = (0..n).map(|r| self.active[r].is_empty()).collect();
-        let mut reserved = vec![false; n];
-        let candidates: Vec<ProgramId> = self.queue.iter().take(MAX_ADMITS_PER_STEP).collect();
-        for p in candidates {
-            // Paused by this very decision: its blocks are still referenced in
-            // `mem` (the engine has not applied the pause yet), so `need` would
-            // count them as shared and restore it at once — a flap within one
-            // step. It waits for the next step, which sees the pause applied.
-            if out.pause.contains(&p) {
-                continue;
-            }
-            let Some(home) = self.programs.get(&p).map(|q| q.replica) else {
-                self.queue.remove(p);
-                continue;
-            };
-            let (need, own_survives) = self.need(p, now, mem);
-            // While its own blocks survive on its previous replica, a program
-            // waits for room there: anywhere else it would recompute its whole
-            // context, which costs more than the wait (recompute ∝ c²).
-            let sticky = home.filter(|_| own_survives);
-            // (replica, need, slack after placing)
-            let mut best: Option<(usize, f64, f64)> = None;
-            for r in 0..n {
-                if running[r] >= self.cfg.max_running || sticky.is_some_and(|h| h != r) {
-                    continue;
-                }
-                if reserved[r] {
-                    continue;
-                }
-                let room = self.cfg.lambda_min * mem.capacity(r) as f64 - tentative[r];
-                // An empty replica takes any program whose context fits its
-                // pool at all (its decode reserve aside: the engine caps a
-                // sequence at the pool), or a program larger than λmin·C
-                // would wait forever.
-                let reserve = self.cfg.decode_reserve_blocks as f64;
-                let fits = need <= room || (empty[r] && need - reserve <= mem.capacity(r) as f64);
-                if !fits {
-                    continue;
-                }
-                let better = |slack: f64| match self.cfg.placement {
-                    Placement::BestFit => room - need < slack,
-                    Placement::MostRoom => room - need > slack,
-                };
-                if best.is_none_or(|(_, _, slack)| better(slack)) {
-                    best = Some((r, need, room - need));
-                }
-            }
-            // Work conservation: `l` runs nothing while `p` has waited
-            // `idle_reclaim_after_s` and its acting programs hold the room:
-            // pause them rather than idle. (Not at once: an idle instant
-            // between two turns is common and the acting programs' tools
-            // usually return within it; the simulator's swe sweep lost 16% of
-            // its hit rate pausing at once.)
-            let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
-            if best.is_none()
-                && running[l] == 0
-                && !reserved[l]
-                && waited >= self.cfg.idle_reclaim_after_s
-                && sticky.is_none_or(|h| h == l)
-            {
-                let room = self.cfg.lambda_min * mem.capacity(l) as f64 - tentative[l];
-                if let Some(freed) = self.reclaim_acting(l, now, mem, need, room, out) {
-                    tentative[l] -= freed;
-                    self.demand[l].0 -= freed;
-                    empty[l] = self.active[l].is_empty();
-                    best = Some((l, need, 0.0));
-                }
-            }
-            if best.is_none() && sticky.is_some() {
-                continue;
-            }
-            let Some((r, need, _)) = best else {
-                // Backfilling with a reservation (as in EASY backfilling): the
-                // first program that fits nowhere reserves the replica with the
-                // most room, where nothing behind it may be placed, so it runs
-                // as soon as that replica drains; smaller programs behind it
-                // may still use the other replicas' room. With one replica this
-                // is strict queue order.
-                let most_room = (0..n).filter(|&r| !reserved[r]).max_by(|&a, &b| {
-                    let ra = self.cfg.lambda_min * mem.capacity(a) as f64 - tentative[a];
-                    let rb = self.cfg.lambda_min * mem.capacity(b) as f64 - tentative[b];
-                    ra.total_cmp(&rb).then(b.cmp(&a))
-                });
-                match most_room {
-                    Some(r) => {
-                        reserved[r] = true;
-                        if reserved.iter().all(|&x| x) {
-                            break;
-                        }
-                        continue;
-                    }
-                    None => break,
-                }
-            };
-            empty[r] = false;
-            tentative[r] += need;
-            // Until `r` recomputes its demand at its own next step, placements
-            // from other replicas' steps must see this admission too.
-            self.demand[r].0 += need;
-            running[r] += 1;
-            self.queue.remove(p);
-            let restore = self.programs.get(&p).is_some_and(|q| q.admitted_once);
-            if restore {
-                self.stats.restores += 1;
-            } else {
-                self.stats.admissions += 1;
-            }
-            debug!(program = %p, replica = r, need, restore, "admit");
-            self.update(p, |prog| {
-                prog.admitted_once = true;
-                prog.waiting = false;
-                prog.state = State::Active;
-                prog.replica = Some(r);
-            });
-            self.active[r].insert(p);
-            out.admit.push((p, r));
-        }
-    }
-
-    /// Pauses acting programs of `l` (pause order: shortest first; their
-    /// full blocks stay cached, evictable) until a program needing `need`
-    /// blocks fits into `room`, or into the empty replica. Pauses nothing and
-    /// returns `None` when even pausing every acting program would not make
-    /// it fit; otherwise the demand freed.
-    fn reclaim_acting(
-        &mut self,
-        l: usize,
-        now: f64,
-        mem: &dyn Memory,
-        need: f64,
-        room: f64,
-        out: &mut Decision,
-    ) -> Option<f64> {
-        let acting: Vec<(ProgramId, f64)> = self
-            .pause_order(l, mem)
-            .into_iter()
-            .filter(|&(_, phase, _)| phase == Phase::Acting)
-            .map(|(q, _, _)| {
-                let since = self.programs.get(&q).map_or(now, |x| x.acting_since);
-                (q, mem.exclusive(l, q) as f64 * self.cfg.decay(now - since))
-            })
-            .collect();
-        if acting.is_empty() {
-            return None;
-        }
-        let total: f64 = acting.iter().map(|a| a.1).sum();
-        // With every active program of `l` acting, pausing them all empties
-        // it, and an empty replica takes any program its pool holds.
-        let empties = acting.len() == self.active[l].len();
-        let reserve = self.cfg.decode_reserve_blocks as f64;
-        let fits_empty = empties && need - reserve <= mem.capacity(l) as f64;
-        if need > room + total && !fits_empty {
-            return None;
-        }
-        let mut freed = 0.0;
-        for (q, w) in acting {
-            if need <= room + freed {
-                break;
-            }
-            debug!(replica = l, program = %q, need, room, "work-conserving: pause acting");
-            self.mark_paused(q, now, mem);
-            self.stats.work_conserving_pauses += 1;
-            out.pause.push(q);
-            freed += w;
-        }
-        Some(freed)
-    }
-
     fn terminate(&mut self, p: ProgramId) {
         self.update(p, |prog| prog.state = State::Terminated);
         if let Some(prog) = self.programs.remove(&p) {
             if let Some(r) = prog.replica {
                 self.active[r].remove(&p);
             }
+            if let Some(g) = prog.group {
+                self.groups.leave(p, g);
+            }
         }
         self.queue.remove(p);
+    }
+
+    /// Whether some member of `p`'s group other than `p` is active.
+    pub(crate) fn group_active(&self, p: ProgramId) -> bool {
+        let Some(g) = self.programs.get(&p).and_then(|q| q.group) else {
+            return false;
+        };
+        self.groups.get(g).is_some_and(|grp| {
+            grp.members.iter().any(|m| {
+                *m != p
+                    && self
+                        .programs
+                        .get(m)
+                        .is_some_and(|q| q.state == State::Active)
+            })
+        })
     }
 }
 
@@ -421,6 +303,14 @@ impl Policy for ProgramScheduler {
         self.programs
             .entry(p)
             .or_insert_with(|| Program::new(now, context_tokens));
+        if let Some(prog) = self.programs.get_mut(&p) {
+            if prog.phase == Phase::Acting && prog.in_flight == 0 {
+                if let Some(tool) = prog.tool.take() {
+                    self.tools.record(tool, now - prog.acting_since);
+                }
+            }
+        }
+        let group_active = self.group_active(p);
         self.update(p, |prog| {
             prog.context_tokens = context_tokens;
             prog.last_activity = now;
@@ -438,7 +328,8 @@ impl Policy for ProgramScheduler {
         if !prog.waiting {
             prog.waiting = true;
             prog.waiting_since = now;
-            let class = if prog.admitted_once {
+            // A member whose group already runs joins it as a restore would.
+            let class = if prog.admitted_once || group_active {
                 QueueClass::Restore
             } else {
                 QueueClass::New
@@ -457,9 +348,31 @@ impl Policy for ProgramScheduler {
             if prog.in_flight == 0 {
                 prog.phase = Phase::Acting;
                 prog.acting_since = now;
+                prog.tool = None;
             }
         });
         false
+    }
+
+    fn join_group(&mut self, p: ProgramId, join: GroupJoin, now: f64) {
+        let prog = self
+            .programs
+            .entry(p)
+            .or_insert_with(|| Program::new(now, join.shared_tokens));
+        if let Some(old) = prog.group.filter(|g| *g != join.group) {
+            self.groups.leave(p, old);
+        }
+        prog.group = Some(join.group);
+        prog.group_shared_tokens = join.shared_tokens;
+        self.groups.join(p, &join, now);
+    }
+
+    fn on_tool(&mut self, p: ProgramId, tool: ToolId, _now: f64) {
+        if let Some(prog) = self.programs.get_mut(&p) {
+            if prog.phase == Phase::Acting && prog.in_flight == 0 {
+                prog.tool = Some(tool);
+            }
+        }
     }
 
     fn on_terminate(&mut self, p: ProgramId) {
@@ -496,7 +409,7 @@ impl Policy for ProgramScheduler {
         mem: &dyn Memory,
         protect: ProgramId,
     ) -> Option<ProgramId> {
-        let order = self.pause_order(replica, mem);
+        let order = self.pause_order(replica, now, mem);
         let victim = order
             .iter()
             .map(|v| v.0)

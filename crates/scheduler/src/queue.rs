@@ -38,6 +38,13 @@ struct Key {
 pub struct WaitingQueue {
     set: BTreeSet<Key>,
     keys: HashMap<ProgramId, Key>,
+    /// The same programs in arrival order (`seq`), with their enqueue time:
+    /// the oldest first, for bounded waiting.
+    fifo: BTreeSet<(u64, ProgramId)>,
+    enqueued_at: HashMap<ProgramId, (f64, u64)>,
+    /// Admissions so far: an entry queued when this was `a` has been
+    /// overtaken `admitted − a` times (minus its own group's).
+    admitted: u64,
     aging_tokens_per_s: f64,
     next_seq: u64,
 }
@@ -75,13 +82,51 @@ impl WaitingQueue {
         self.next_seq += 1;
         self.set.insert(key);
         self.keys.insert(p, key);
+        self.fifo.insert((key.seq, p));
+        self.enqueued_at.insert(p, (now, self.admitted));
+    }
+
+    /// Removes `p` because it was admitted: every entry still queued was
+    /// passed over once more.
+    pub fn admit(&mut self, p: ProgramId) -> bool {
+        let removed = self.remove(p);
+        if removed {
+            self.admitted += 1;
+        }
+        removed
     }
 
     pub fn remove(&mut self, p: ProgramId) -> bool {
         match self.keys.remove(&p) {
-            Some(k) => self.set.remove(&k),
+            Some(k) => {
+                self.fifo.remove(&(k.seq, p));
+                self.enqueued_at.remove(&p);
+                self.set.remove(&k)
+            }
             None => false,
         }
+    }
+
+    /// Programs queued at or before `t`, or passed over by at least
+    /// `bypass` admissions, oldest first (both are prefixes of the arrival
+    /// order).
+    pub fn overdue(&self, t: f64, bypass: u64) -> impl Iterator<Item = ProgramId> + '_ {
+        self.fifo.iter().map(|&(_, p)| p).take_while(move |p| {
+            self.enqueued_at
+                .get(p)
+                .is_some_and(|&(at, adm)| at <= t || self.admitted.saturating_sub(adm) >= bypass)
+        })
+    }
+
+    /// When `p` was queued.
+    pub fn enqueued_at(&self, p: ProgramId) -> Option<f64> {
+        self.enqueued_at.get(&p).map(|e| e.0)
+    }
+
+    /// Admissions of other programs since `p` was queued.
+    pub fn bypassed(&self, p: ProgramId) -> Option<u64> {
+        let (_, at) = self.enqueued_at.get(&p)?;
+        Some(self.admitted.saturating_sub(*at))
     }
 
     /// Programs in admission order.
@@ -103,6 +148,27 @@ mod tests {
         q.push(ProgramId(4), QueueClass::New, 50, 0.0);
         let order: Vec<u64> = q.iter().map(|p| p.0).collect();
         assert_eq!(order, vec![3, 2, 4, 1]);
+    }
+
+    #[test]
+    fn overdue_view_is_oldest_first_by_time_or_bypass() {
+        let mut q = WaitingQueue::new(0.0);
+        q.push(ProgramId(1), QueueClass::New, 10, 1.0);
+        q.push(ProgramId(2), QueueClass::Restore, 99, 2.0);
+        q.push(ProgramId(3), QueueClass::New, 5, 3.0);
+        let old: Vec<u64> = q.overdue(2.5, u64::MAX).map(|p| p.0).collect();
+        assert_eq!(old, vec![1, 2]);
+        q.admit(ProgramId(3));
+        q.push(ProgramId(4), QueueClass::New, 1, 4.0);
+        q.admit(ProgramId(4));
+        // 1 and 2 were passed over twice.
+        assert_eq!(q.bypassed(ProgramId(2)), Some(2));
+        let old: Vec<u64> = q.overdue(0.0, 2).map(|p| p.0).collect();
+        assert_eq!(old, vec![1, 2]);
+        assert_eq!(q.overdue(0.0, 3).count(), 0);
+        q.remove(ProgramId(1));
+        assert_eq!(q.enqueued_at(ProgramId(2)), Some(2.0));
+        assert_eq!(q.enqueued_at(ProgramId(1)), None);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use agentd_kv::{KvCache, KvError, PrefixMatch, ProgramId};
 use tracing::debug;
 
-use crate::{Decision, Policy, Replicas, Route};
+use crate::{Decision, GroupId, GroupJoin, Policy, Replicas, Route, ToolId};
 
 /// How often (seconds of `now`) leases are checked: `Policy::expire` walks
 /// every program, so not at every step of every replica; a quarter second is
@@ -43,6 +43,10 @@ pub trait Contexts {
     /// with its `cache_salt`): it shares KV only with requests of equal salt.
     fn cache_salt(&self, _p: ProgramId) -> u64 {
         0
+    }
+    /// The group of `p`'s current request and the group's announced size.
+    fn group(&self, _p: ProgramId) -> Option<(GroupId, Option<usize>)> {
+        None
     }
 }
 
@@ -114,6 +118,9 @@ pub struct ReplicaSet<P: Policy = Box<dyn Policy>> {
     pending: HashMap<ProgramId, u32>,
     /// Longest prefix of each program's context ever computed.
     ever_computed: HashMap<ProgramId, usize>,
+    /// Each group's first member alive: the others' shared prompt is
+    /// measured against its context.
+    group_first: HashMap<GroupId, ProgramId>,
     next_lease_check: f64,
     check_invariants: bool,
     stats: CoreStats,
@@ -141,6 +148,7 @@ impl<P: Policy> ReplicaSet<P> {
             home: HashMap::new(),
             pending: HashMap::new(),
             ever_computed: HashMap::new(),
+            group_first: HashMap::new(),
             next_lease_check: 0.0,
             check_invariants,
             stats: CoreStats::default(),
@@ -186,6 +194,21 @@ impl<P: Policy> ReplicaSet<P> {
     pub fn on_request(&mut self, p: ProgramId, now: f64, ctx: &impl Contexts) -> Option<Started> {
         let len = ctx.context(p)?.len();
         *self.pending.entry(p).or_default() += 1;
+        if let Some((group, size)) = ctx.group(p) {
+            let first = *self.group_first.entry(group).or_insert(p);
+            let shared_tokens = match (ctx.context(p), ctx.context(first)) {
+                (Some(a), Some(b)) if first != p => {
+                    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+                }
+                _ => 0,
+            };
+            let join = GroupJoin {
+                group,
+                size,
+                shared_tokens,
+            };
+            self.policy.join_group(p, join, now);
+        }
         match self.policy.on_request(p, now, len) {
             Route::Run { replica } => self.start_on(p, replica, ctx),
             Route::Queued => None,
@@ -387,6 +410,11 @@ impl<P: Policy> ReplicaSet<P> {
         drop_kv
     }
 
+    /// `p`, acting since its request finished, runs `tool`.
+    pub fn note_tool(&mut self, p: ProgramId, tool: ToolId, now: f64) {
+        self.policy.on_tool(p, tool, now);
+    }
+
     /// The program ended (release, final request, lease): the policy forgets
     /// it and its KV is released.
     pub fn terminate(&mut self, p: ProgramId) {
@@ -401,6 +429,7 @@ impl<P: Policy> ReplicaSet<P> {
         }
         self.pending.remove(&p);
         self.ever_computed.remove(&p);
+        self.group_first.retain(|_, first| *first != p);
     }
 
     /// Checks replica `r`'s KV invariants (`agentd_kv` docs) when enabled.

@@ -153,9 +153,9 @@ fn an_idle_replica_pauses_acting_programs_for_a_waiting_one() {
     // D = 85 with nothing running. A 10-block program (need 11): 96 > 90.
     assert_close(eng.demand(0), 85.0);
     eng.request(pid(4), 10 * BS);
-    // Not at once: the acting programs' tools may return in an instant.
-    assert!(eng.step(0).is_empty());
-    eng.now = 0.5;
+    // In the same step: an idle replica with a waiting request that fits
+    // once acting programs pause never waits (their blocks stay cached, so
+    // a tool that returns at once costs a re-match, not a recompute).
     let d = eng.step(0);
     // Pausing program 1 (the shortest, 20 blocks) is enough: 65 + 11 ≤ 90.
     assert_eq!(ids(&d.pause), vec![1]);
@@ -414,9 +414,10 @@ fn restore_order_pending_requests_before_new_programs_shortest_first() {
 /// two arrivals per 0.1 s step, each running 4 steps). Returns the step at
 /// which the large one was admitted, if within `bound` steps of its arrival,
 /// and how many small programs were admitted meanwhile.
-fn large_program_under_stream(aging: f64, bound: usize) -> (Option<usize>, u64) {
+fn large_program_under_stream(aging: f64, max_bypass: u64, bound: usize) -> (Option<usize>, u64) {
     let cfg = SchedulerConfig {
         aging_tokens_per_s: aging,
+        max_bypass,
         ..config(0.9, 1.0)
     };
     let mut eng = Engine::program(cfg, 1, 100);
@@ -454,20 +455,41 @@ fn large_program_under_stream(aging: f64, bound: usize) -> (Option<usize>, u64) 
 }
 
 /// With aging a large program overtakes later small arrivals and is admitted
-/// within a bounded number of steps; without aging it starves for as long.
+/// within a bounded number of steps; without aging (and with the bypass
+/// bound lifted) it starves for as long.
 #[test]
 fn aging_prevents_starvation() {
     const BOUND: usize = 40;
     // 256 tokens/s: after (240 − 20)/256 s ≈ 9 steps new small programs queue
     // behind the large one, then the running ones drain.
-    let (with, _) = large_program_under_stream(256.0, BOUND);
+    let (with, _) = large_program_under_stream(256.0, u64::MAX, BOUND);
     let k = with.expect("admitted with aging");
     assert!((9..=15).contains(&k), "admitted after {k} steps");
 
-    let (without, small_admitted) = large_program_under_stream(0.0, BOUND);
+    let (without, small_admitted) = large_program_under_stream(0.0, u64::MAX, BOUND);
     assert_eq!(without, None, "starves without aging");
     // …while the small programs kept flowing (this is starvation, not a stall).
     assert!(small_admitted >= 2 * BOUND as u64, "{small_admitted}");
+}
+
+/// The bypass bound alone (no aging): once `max_bypass` later arrivals have
+/// been admitted ahead of the large program it is overdue, nothing new is
+/// admitted past it, and it starts as soon as the running programs drain —
+/// an adversarial stream of small arrivals cannot starve it.
+#[test]
+fn bounded_bypass_prevents_starvation_without_aging() {
+    const BOUND: usize = 40;
+    for k_max in [4u64, 16] {
+        let (admitted, _) = large_program_under_stream(0.0, k_max, BOUND);
+        let k = admitted.expect("admitted under the bypass bound");
+        // Two arrivals a step: the bound is reached after k_max / 2 steps,
+        // then the running small programs (4 steps each) drain.
+        let limit = k_max as usize / 2 + 5;
+        assert!(
+            k <= limit,
+            "K = {k_max}: admitted after {k} steps > {limit}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------- rule 8

@@ -331,7 +331,8 @@ pub async fn serve(
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                let running = engine.programs().into_iter().map(|p| p.id).collect();
+                let snapshot = engine.snapshot().await;
+                let running = snapshot.programs.iter().map(|p| p.id.clone()).collect();
                 tools.sweep_orphans(&running);
             }
         })

@@ -5,7 +5,9 @@
 //! cache, as vLLM's parallel sampling does. Streams of the choices are merged
 //! into one SSE response with one usage chunk and one `[DONE]`.
 
-use agentd_engine::GenerateRequest;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use agentd_engine::{GenerateRequest, GroupTag};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
 use futures_util::stream::{self, BoxStream, StreamExt};
@@ -68,6 +70,24 @@ pub struct Choice {
     pub gen: Generation,
 }
 
+/// [`submit`] on the blocking pool, as the request's caller: submitting
+/// builds each choice's sampler (penalty setup over the whole prompt, the
+/// grammar's start) and copies the prompt per choice, O(prompt) work that
+/// must not stall the runtime's sockets on a 100k-token prompt.
+pub async fn submit_offloaded(
+    state: &SharedState,
+    program: &ProgramRef,
+    prompts: Vec<(Vec<u32>, Sampling)>,
+    n: usize,
+    logprobs: bool,
+) -> Result<Vec<Choice>, ApiError> {
+    let (state, program, caller) = (state.clone(), program.clone(), Caller::current());
+    crate::offload::run(move || {
+        caller.scope_sync(|| submit(&state, &program, prompts, n, logprobs))
+    })
+    .await
+}
+
 /// Submits `n` engine requests per prompt. A refusal of any of them (the
 /// queue is full, say) drops those already submitted, cancelling them.
 pub fn submit(
@@ -94,6 +114,7 @@ pub fn submit(
     let cache_salt = Caller::current().prefix_salt(program.cache_salt.as_deref());
     let mut out = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, sampling)) in prompts.into_iter().enumerate() {
+        let group = group_of(program, n);
         for j in 0..n {
             let first = p == 0 && j == 0;
             let mut params = sampling.params.clone();
@@ -106,6 +127,12 @@ pub fn submit(
                 final_request: first && (program.final_request || released),
                 parent_program: if first { program.parent.clone() } else { None },
                 cache_salt,
+                group: group.clone(),
+                tool: if first {
+                    program.tool_name.clone()
+                } else {
+                    None
+                },
             })?;
             out.push(Choice {
                 index: p * n + j,
@@ -121,6 +148,55 @@ pub fn submit(
         }
     }
     Ok(out)
+}
+
+/// The group a prompt's choices join: the client's `group_id` (scoped to
+/// its tenant like a program id), else, for `n > 1`, one of their own — the
+/// `n` samples of one prompt are a rollout group.
+fn group_of(program: &ProgramRef, n: usize) -> Option<GroupTag> {
+    static IMPLICIT: AtomicU64 = AtomicU64::new(0);
+    match &program.group {
+        Some(g) => Some(GroupTag {
+            name: Caller::current().program_key(&format!("group:{g}")),
+            size: program.group_size,
+        }),
+        None if n > 1 => Some(GroupTag {
+            name: format!("n:{}", IMPLICIT.fetch_add(1, Ordering::Relaxed)),
+            size: Some(n),
+        }),
+        None => None,
+    }
+}
+
+/// Tells the engine which tool a named program runs after this turn, from
+/// the tool calls the turn returned (the per-tool decay's input), unless the
+/// request named it (`tool_name`, noted by the engine at the request's end).
+#[derive(Clone)]
+pub struct ToolNote {
+    engine: agentd_engine::Engine,
+    program: String,
+}
+
+impl ToolNote {
+    /// Built inside the handler (the caller's tenant scopes the program).
+    pub fn new(state: &SharedState, program: &ProgramRef) -> Option<Self> {
+        if program.tool_name.is_some() {
+            return None;
+        }
+        let id = program.program.as_ref()?;
+        Some(Self {
+            engine: state.engine.clone(),
+            program: Caller::current().program_key(id),
+        })
+    }
+
+    /// The turn returned a call of `tool` (the first, when several). Call
+    /// once the request finished: the program is acting from then on.
+    pub fn note(&self, tool: &str) {
+        if !self.engine.note_tool(&self.program, tool) {
+            tracing::debug!(program = %self.program, tool, "tool of an ended program not noted");
+        }
+    }
 }
 
 /// Runs every choice to the end, concurrently. Each result carries its

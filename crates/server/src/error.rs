@@ -174,6 +174,10 @@ impl From<EngineError> for ApiError {
                 param: None,
                 message: m,
             },
+            EngineError::InvalidSampling(e) => ApiError::InvalidParam {
+                param: Some(e.field),
+                message: e.message,
+            },
             EngineError::ShuttingDown => ApiError::Unavailable(e.to_string()),
         }
     }

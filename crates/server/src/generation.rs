@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use agentd_engine::{Event, RequestStream, TokenEvent};
+use agentd_engine::{Event, FinishReason, RequestStream, TokenEvent};
 use agentd_models::{IncrementalDecoder, Tokenizer};
 
 use crate::error::ApiError;
@@ -93,6 +93,17 @@ impl Generation {
                     if let Some(step) = self.on_token(t)? {
                         return Ok(Some(step));
                     }
+                }
+                Some(Event::Finished {
+                    reason: FinishReason::Error,
+                    ..
+                }) => {
+                    self.stream = None;
+                    return Err(ApiError::Internal(
+                        "the engine could not complete this request (a model or sampling \
+                         failure; the server log has the cause)"
+                            .into(),
+                    ));
                 }
                 Some(Event::Finished { reason, usage }) => {
                     let tail = self.decoder.flush(&self.tokenizer)?.unwrap_or_default();

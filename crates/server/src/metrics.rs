@@ -169,9 +169,16 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
     histogram(
         &mut out,
         "agentd:engine_lock_hold_seconds",
-        "Histogram of how long each critical section held the engine lock.",
+        "Histogram of how long each critical section held the engine lock (plans with work, commits, releases; idle re-plans excluded).",
         &label,
         &m.lock_hold_s,
+    );
+    histogram(
+        &mut out,
+        "agentd:engine_lock_idle_hold_seconds",
+        "Histogram of how long idle re-plans (nothing to run, nothing changed) held the engine lock.",
+        &label,
+        &m.lock_idle_hold_s,
     );
     out
 }
@@ -259,6 +266,7 @@ mod tests {
             e2e_s: Histogram::latency(),
             queue_wait_s: Histogram::latency(),
             lock_hold_s: Histogram::lock_hold(),
+            lock_idle_hold_s: Histogram::lock_hold(),
             batch_tokens: 90,
             batch_budget: 100,
             exhaustion_preemptions: 2,

@@ -36,6 +36,64 @@ pub struct ProgramRef {
     pub parent: Option<String>,
     /// The body's `cache_salt` (checked non-empty).
     pub cache_salt: Option<String>,
+    /// `group_id` (body or `extra_body`), checked like a program id.
+    pub group: Option<String>,
+    /// `group_size`, 1 to [`MAX_GROUP_SIZE`].
+    pub group_size: Option<usize>,
+    /// `tool_name` (body or `extra_body`), 1 to [`MAX_ID_LEN`] bytes.
+    pub tool_name: Option<String>,
+}
+
+/// The largest `group_size` accepted (GRPO groups are 4 to 64 samples).
+pub const MAX_GROUP_SIZE: u64 = 1024;
+
+/// `group_id`, `group_size` and `tool_name` from the body or `extra_body`.
+type GroupAndTool = (Option<String>, Option<usize>, Option<String>);
+
+fn group_and_tool(c: &CommonParams) -> Result<GroupAndTool, ApiError> {
+    let extra = c.extra_body.as_ref();
+    let group = c
+        .group_id
+        .clone()
+        .or_else(|| extra.and_then(|e| e.group_id.clone()));
+    let size = c.group_size.or_else(|| extra.and_then(|e| e.group_size));
+    let tool = c
+        .tool_name
+        .clone()
+        .or_else(|| extra.and_then(|e| e.tool_name.clone()));
+    if let Some(g) = &group {
+        if g.is_empty() || g.len() > MAX_ID_LEN {
+            return Err(ApiError::invalid(
+                "group_id",
+                format!("group_id must be 1 to {MAX_ID_LEN} bytes long"),
+            ));
+        }
+    }
+    let size = match size {
+        None => None,
+        Some(n) if (1..=MAX_GROUP_SIZE).contains(&n) && group.is_some() => usize::try_from(n).ok(),
+        Some(_) if group.is_none() => {
+            return Err(ApiError::invalid(
+                "group_size",
+                "group_size needs a group_id",
+            ))
+        }
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "group_size",
+                format!("group_size must be 1 to {MAX_GROUP_SIZE}, got {n}"),
+            ))
+        }
+    };
+    if let Some(t) = &tool {
+        if t.is_empty() || t.len() > MAX_ID_LEN {
+            return Err(ApiError::invalid(
+                "tool_name",
+                format!("tool_name must be 1 to {MAX_ID_LEN} bytes long"),
+            ));
+        }
+    }
+    Ok((group, size, tool))
 }
 
 /// A program id from a URL or a body: 1 to [`MAX_ID_LEN`] bytes.
@@ -106,13 +164,17 @@ pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiE
             Some(spec)
         }
     };
-    tracing::debug!(program = ?program, source, final_request, tools = tool_resources.is_some(), "program resolved");
+    let (group, group_size, tool_name) = group_and_tool(c)?;
+    tracing::debug!(program = ?program, source, final_request, tools = tool_resources.is_some(), ?group, "program resolved");
     Ok(ProgramRef {
         program,
         final_request,
         tool_resources,
         parent,
         cache_salt: c.cache_salt.clone(),
+        group,
+        group_size,
+        tool_name,
     })
 }
 

@@ -41,6 +41,9 @@ pub struct ExtraBody {
     pub final_request: Option<bool>,
     /// Tool resources the program declares (DESIGN §7).
     pub tool_resources: Option<Json>,
+    pub group_id: Option<String>,
+    pub group_size: Option<u64>,
+    pub tool_name: Option<String>,
 }
 
 /// NVIDIA Dynamo's `nvext.agent_context`: the session (program) a request
@@ -88,6 +91,14 @@ pub struct CommonParams {
     #[serde(rename = "final")]
     pub final_request: Option<bool>,
     pub tool_resources: Option<Json>,
+    /// The rollout group the program belongs to (GRPO's n samples of one
+    /// prompt): admitted and restored together.
+    pub group_id: Option<String>,
+    /// Members the group will have: admission waits briefly for them.
+    pub group_size: Option<u64>,
+    /// The tool the program runs once this request finishes (else taken
+    /// from the tool calls the response returns).
+    pub tool_name: Option<String>,
     pub extra_body: Option<ExtraBody>,
     pub nvext: Option<NvExt>,
 }

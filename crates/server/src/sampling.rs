@@ -7,7 +7,7 @@ use crate::error::ApiError;
 use crate::protocol::CommonParams;
 
 /// Largest `top_logprobs` / `logprobs: k` served (OpenAI's limit is 20).
-pub const MAX_LOGPROBS: u32 = 20;
+pub use agentd_models::sampling::MAX_LOGPROBS;
 
 /// What the server needs besides the engine's parameters.
 #[derive(Debug, Clone)]
@@ -19,10 +19,13 @@ pub struct Sampling {
 
 /// Builds the sampling parameters. `prompt_len` and `max_model_len` give the
 /// default `max_tokens` (the rest of the context, as vLLM does) and the
-/// context-length check; `logprobs` is the number of alternatives asked for.
+/// context-length check; `logprobs` is the number of alternatives asked for
+/// and the request field that asked (`top_logprobs` in chat, `logprobs` in
+/// completions). Every field is checked by [`SamplingParams::validate`], the
+/// one validation, whose refusal names the field.
 pub fn build(
     c: &CommonParams,
-    logprobs: Option<u32>,
+    logprobs: Option<(u32, &'static str)>,
     prompt_len: usize,
     max_model_len: usize,
 ) -> Result<Sampling, ApiError> {
@@ -36,12 +39,6 @@ pub fn build(
     }
     let room = max_model_len - prompt_len;
     let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
-        Some(0) => {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                "max_tokens must be at least 1",
-            ))
-        }
         Some(m) if m > room as u64 => {
             return Err(ApiError::ContextTooLong(format!(
                 "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt_len} in the messages, {m} in the completion). Please reduce the length of the messages or completion.",
@@ -49,26 +46,9 @@ pub fn build(
                 prompt_len as u128 + u128::from(m)
             )));
         }
+        // m <= room, a usize.
         Some(m) => m as usize,
         None => room,
-    };
-    if let Some(k) = logprobs {
-        if k > MAX_LOGPROBS {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                format!("at most {MAX_LOGPROBS} logprobs per token are served, got {k}"),
-            ));
-        }
-    }
-    let top_k = match c.top_k {
-        None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => k as usize,
-        Some(k) => {
-            return Err(ApiError::invalid(
-                "top_k",
-                format!("top_k must be -1 (disabled) or positive, got {k}"),
-            ))
-        }
     };
     let stop = c.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     if stop.iter().any(String::is_empty) {
@@ -77,50 +57,29 @@ pub fn build(
     let defaults = SamplingParams::default();
     let params = SamplingParams {
         temperature: c.temperature.unwrap_or(defaults.temperature),
-        top_k,
+        top_k: c.top_k.unwrap_or(defaults.top_k),
         top_p: c.top_p.unwrap_or(defaults.top_p),
         min_p: c.min_p.unwrap_or(defaults.min_p),
         seed: c.seed,
         repetition_penalty: c.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-        presence_penalty: c.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: c.presence_penalty.unwrap_or(defaults.presence_penalty),
+        frequency_penalty: c.frequency_penalty.unwrap_or(defaults.frequency_penalty),
         stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: c.ignore_eos.unwrap_or(false),
         max_tokens,
-        logprobs: logprobs.map(|k| k as usize),
+        logprobs: logprobs.map(|(k, _)| k as usize),
         // Set by the route from `response_format` / `tool_choice`.
         constraint: None,
     };
-    for (name, v) in [
-        ("presence_penalty", params.presence_penalty),
-        ("frequency_penalty", params.frequency_penalty),
-    ] {
-        if !(-2.0..=2.0).contains(&v) {
-            return Err(ApiError::invalid(
-                name,
-                format!("{name} must be in [-2, 2], got {v}"),
-            ));
-        }
-    }
-    params
-        .validate()
-        .map_err(|e| ApiError::invalid(param_of(&e.to_string()), e.to_string()))?;
+    params.validate().map_err(|e| {
+        let field = match (e.field, logprobs) {
+            ("logprobs", Some((_, asked_as))) => asked_as,
+            (field, _) => field,
+        };
+        ApiError::invalid(field, e.message)
+    })?;
     tracing::debug!(?params, stop = ?stop, "sampling parameters");
     Ok(Sampling { params, stop })
-}
-
-/// The field a [`SamplingParams::validate`] message is about.
-fn param_of(message: &str) -> &'static str {
-    [
-        "temperature",
-        "top_p",
-        "min_p",
-        "repetition_penalty",
-        "penalties",
-    ]
-    .into_iter()
-    .find(|p| message.contains(p))
-    .unwrap_or("sampling")
 }
 
 #[cfg(test)]
@@ -137,7 +96,7 @@ mod tests {
         assert_eq!(s.params.max_tokens, 90);
         let s = build(
             &common(r#"{"max_completion_tokens":4,"max_tokens":9}"#),
-            Some(2),
+            Some((2, "logprobs")),
             10,
             100,
         )
@@ -169,10 +128,22 @@ mod tests {
             err(r#"{"top_p":2}"#, 5),
             ApiError::InvalidParam { .. }
         ));
-        assert!(matches!(
-            err(r#"{"top_k":-3}"#, 5),
-            ApiError::InvalidParam { .. }
-        ));
+        // Each refusal names the request's own field (there is no
+        // "penalties" field).
+        for (body, field) in [
+            (r#"{"top_k":-3}"#, "top_k"),
+            (r#"{"top_p":0}"#, "top_p"),
+            (r#"{"min_p":2}"#, "min_p"),
+            (r#"{"presence_penalty":-3}"#, "presence_penalty"),
+            (r#"{"frequency_penalty":1e30}"#, "frequency_penalty"),
+            (r#"{"repetition_penalty":0}"#, "repetition_penalty"),
+            (r#"{"max_tokens":0}"#, "max_tokens"),
+        ] {
+            match err(body, 5) {
+                ApiError::InvalidParam { param, .. } => assert_eq!(param, Some(field), "{body}"),
+                e => panic!("{body}: {e}"),
+            }
+        }
         assert!(matches!(
             err(r#"{"stop":[""]}"#, 5),
             ApiError::InvalidParam { .. }
@@ -181,7 +152,17 @@ mod tests {
             err(r#"{"presence_penalty":3}"#, 5),
             ApiError::InvalidParam { .. }
         ));
-        assert!(build(&common("{}"), Some(21), 5, 100).is_err());
+        let e = build(&common("{}"), Some((21, "top_logprobs")), 5, 100).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ApiError::InvalidParam {
+                    param: Some("top_logprobs"),
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(build(&common(r#"{"n":1,"top_k":-1}"#), None, 5, 100).is_ok());
     }
 }

@@ -88,6 +88,12 @@ impl Caller {
         CALLER.scope(self, fut).await
     }
 
+    /// Runs `f` as this caller on a thread outside the request's task (the
+    /// blocking pool: [`crate::offload`]).
+    pub fn scope_sync<R>(self, f: impl FnOnce() -> R) -> R {
+        CALLER.sync_scope(self, f)
+    }
+
     /// The id the engine and the tool side know the client's `id` by.
     pub fn program_key(&self, id: &str) -> String {
         match self.tenant {

@@ -338,3 +338,45 @@ fn a_programs_second_turn_reuses_its_first_turns_blocks() {
     assert_eq!(metric(&m, "vllm:kv_cache_usage_perc"), 0.0, "{m}");
     assert!(program_ids(addr).is_empty());
 }
+
+/// A rollout group (GRPO: four samples of one prompt, `group_id` +
+/// `group_size`, each naming the tool it runs next) and the implicit group
+/// of an `n = 4` request, on a pool too small for their decodes: every
+/// request finishes with the tokens it gets alone, and no block leaks.
+#[test]
+fn rollout_groups_run_to_the_end_on_a_tiny_pool() {
+    let name = "gqa2-untied";
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 17 + 3) % 500).collect();
+    const MAX: usize = 90;
+    let roomy = serve(name, Vocab::Ids, "group-roomy", 256);
+    let want = complete(roomy, &body(&prompt, MAX, None)).0;
+
+    let tight = serve(name, Vocab::Ids, "group-tight", 14);
+    let bodies = (0..4)
+        .map(|i| {
+            let mut b = body(&prompt, MAX, Some(&format!("rollout-{i}")));
+            b["group_id"] = json!("grpo-1");
+            b["extra_body"] = json!({"group_size": 4, "tool_name": "pytest"});
+            b
+        })
+        .collect();
+    for (i, (ids, _)) in complete_all(tight, bodies).iter().enumerate() {
+        assert_eq!(ids, &want, "member {i}: same tokens as alone");
+    }
+    // n = 4: one implicit group of the request's four choices.
+    let mut b = body(&prompt, MAX, Some("sampler"));
+    b["n"] = json!(4);
+    let r = post(tight, "/v1/completions", &b);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(4), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4 * MAX, "{v}");
+
+    for id in program_ids(tight) {
+        let r = post(tight, "/programs/release", &json!({"program_id": id}));
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let m = get(tight, "/metrics").body;
+    assert_eq!(metric(&m, "vllm:kv_cache_usage_perc"), 0.0, "leak:\n{m}");
+    assert_eq!(metric(&m, "vllm:num_requests_waiting"), 0.0, "{m}");
+}

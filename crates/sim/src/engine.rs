@@ -10,11 +10,11 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::Instant;
 
 use agentd_kv::{KvCache, ProgramId};
-use agentd_scheduler::{build_policy, Contexts, Policy, ReplicaSet, Started};
+use agentd_scheduler::{build_policy, Contexts, Policy, ReplicaSet, Started, ToolId};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::metrics::Metrics;
+use crate::metrics::{percentile, Metrics};
 use crate::workload::{system_prompt, token_at, uniform};
 use crate::{RunResult, SimConfig, SimError};
 
@@ -30,6 +30,8 @@ pub(crate) struct Prog {
     pub request_arrived: f64,
     /// Longest prefix of `context` ever computed (for the ideal hit rate).
     pub ever_computed: usize,
+    /// Requests finished so far (0 while the first one runs).
+    pub turns_done: usize,
 }
 
 /// The simulated programs' contexts, lent to the core.
@@ -201,6 +203,7 @@ impl Simulation {
             generated: 0,
             request_arrived: self.now,
             ever_computed: 0,
+            turns_done: 0,
         };
         append_tokens(&mut prog, id, task);
         self.programs.insert(id, prog);
@@ -284,12 +287,19 @@ impl Simulation {
             };
             let len = prog.context.len();
             let latency = now - prog.request_arrived;
-            let tool = self.cfg.workload.tool_time_s.sample(&mut prog.rng);
+            let (named, tool) = self.cfg.workload.sample_tool(&mut prog.rng);
             if in_window {
                 self.metrics.steps += 1;
                 self.metrics.latencies.push(latency);
+                if prog.turns_done == 0 {
+                    self.metrics.first_latencies.push(latency);
+                }
             }
+            prog.turns_done += 1;
             self.core.finish(p, now, len);
+            if let Some(i) = named {
+                self.core.note_tool(p, ToolId(i as u64), now);
+            }
             self.push(now + tool, Event::ToolDone(p.0));
         }
     }
@@ -318,7 +328,7 @@ impl Simulation {
             prefix_hit_rate: ratio(m.hit_tokens, m.query_tokens),
             ideal_hit_rate: ratio(m.ideal_hit_tokens, m.query_tokens),
             recomputed_tokens: m.recomputed_tokens,
-            pauses: stats.pauses + stats.work_conserving_pauses,
+            pauses: stats.total_pauses() - stats.exhaustion_pauses,
             restores: stats.restores,
             preemptions: stats.exhaustion_pauses,
             kv_imbalance: m.kv_imbalance(),
@@ -326,6 +336,9 @@ impl Simulation {
             output_tok_s: m.output_tokens as f64 / (window_min * 60.0),
             p50_step_s: m.percentile(0.5),
             p99_step_s: m.percentile(0.99),
+            max_step_s: percentile(&m.latencies, 1.0),
+            first_p50_s: percentile(&m.first_latencies, 0.5),
+            first_max_s: percentile(&m.first_latencies, 1.0),
             programs_completed: m.programs_completed,
             engine_steps: m.engine_steps,
             mean_kv_usage: m.mean_usage(),

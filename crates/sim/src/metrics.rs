@@ -10,6 +10,8 @@ pub(crate) struct Metrics {
     pub ideal_hit_tokens: u64,
     pub recomputed_tokens: u64,
     pub latencies: Vec<f64>,
+    /// Latencies of programs' first requests (admission of a new program).
+    pub first_latencies: Vec<f64>,
     pub programs_completed: u64,
     pub engine_steps: u64,
     pub sched_calls: u64,
@@ -58,12 +60,17 @@ impl Metrics {
     }
 
     pub fn percentile(&self, q: f64) -> f64 {
-        if self.latencies.is_empty() {
-            return 0.0;
-        }
-        let mut v = self.latencies.clone();
-        v.sort_by(f64::total_cmp);
-        let i = ((v.len() - 1) as f64 * q).round() as usize;
-        v[i.min(v.len() - 1)]
+        percentile(&self.latencies, q)
     }
+}
+
+/// The `q` quantile (nearest rank) of `values`; 0 when empty.
+pub(crate) fn percentile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v[i.min(v.len() - 1)]
 }

@@ -31,6 +31,11 @@ pub struct RunResult {
     /// Request latency (arrival to last token), seconds.
     pub p50_step_s: f64,
     pub p99_step_s: f64,
+    /// The slowest request: the bound on waiting that the restore order gives.
+    pub max_step_s: f64,
+    /// First requests of programs only (a new program's admission).
+    pub first_p50_s: f64,
+    pub first_max_s: f64,
     pub programs_completed: u64,
     pub engine_steps: u64,
     pub mean_kv_usage: f64,

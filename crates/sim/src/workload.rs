@@ -27,9 +27,22 @@ pub struct Workload {
     pub gen_tokens: (usize, usize),
     /// Tool time per turn in seconds: log-normal (median, sigma) clipped.
     pub tool_time_s: LogNormalClip,
+    /// Named tools, each with its probability and time distribution; when
+    /// non-empty a turn's tool is drawn from these (and named to the
+    /// scheduler) instead of `tool_time_s`.
+    pub tools: Vec<NamedTool>,
     /// The agent stops when its next prompt would exceed this context (as
     /// SWE-agent's `exit_context` does at the model's window).
     pub max_context: usize,
+}
+
+/// A tool of a mixed workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedTool {
+    pub name: &'static str,
+    /// Probability weight (normalised over the workload's tools).
+    pub weight: f64,
+    pub time_s: LogNormalClip,
 }
 
 /// A log-normal distribution given by its median and sigma, clipped to [lo, hi].
@@ -74,7 +87,56 @@ impl Workload {
                 hi: 30.0,
             },
             max_context: 32_768,
+            tools: Vec::new(),
         }
+    }
+
+    /// The swe shape with a bimodal tool mix, as a coding agent's: 70% quick
+    /// file reads and edits (median 0.3 s) and 30% test runs (median 20 s) —
+    /// two tools whose times differ by ~70×, for the per-tool decay.
+    pub fn bimodal() -> Self {
+        let mut w = Self::swe();
+        w.name = "bimodal".into();
+        w.tools = vec![
+            NamedTool {
+                name: "read",
+                weight: 0.7,
+                time_s: LogNormalClip {
+                    median: 0.3,
+                    sigma: 0.4,
+                    lo: 0.05,
+                    hi: 3.0,
+                },
+            },
+            NamedTool {
+                name: "test",
+                weight: 0.3,
+                time_s: LogNormalClip {
+                    median: 20.0,
+                    sigma: 0.5,
+                    lo: 5.0,
+                    hi: 120.0,
+                },
+            },
+        ];
+        w
+    }
+
+    /// A turn's tool: its index in `tools` (None for the unnamed one) and
+    /// its time.
+    pub fn sample_tool(&self, rng: &mut ChaCha8Rng) -> (Option<usize>, f64) {
+        let total: f64 = self.tools.iter().map(|t| t.weight).sum();
+        if self.tools.is_empty() || total <= 0.0 {
+            return (None, self.tool_time_s.sample(rng));
+        }
+        let mut u = rng.gen_range(0.0..total);
+        for (i, t) in self.tools.iter().enumerate() {
+            if u < t.weight || i + 1 == self.tools.len() {
+                return (Some(i), t.time_s.sample(rng));
+            }
+            u -= t.weight;
+        }
+        (None, self.tool_time_s.sample(rng))
     }
 
     /// Tool orchestration: fewer, longer steps and heavy-tailed tool time
@@ -99,6 +161,7 @@ impl Workload {
                 hi: 600.0,
             },
             max_context: 32_768,
+            tools: Vec::new(),
         }
     }
 }
@@ -109,8 +172,9 @@ impl FromStr for Workload {
         match s {
             "swe" => Ok(Self::swe()),
             "toolorch" => Ok(Self::toolorch()),
+            "bimodal" => Ok(Self::bimodal()),
             other => Err(format!(
-                "unknown workload '{other}' (expected swe or toolorch)"
+                "unknown workload '{other}' (expected swe, toolorch or bimodal)"
             )),
         }
     }

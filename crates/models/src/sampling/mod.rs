@@ -22,13 +22,21 @@ pub use constraint::{Constraint, Grammar, GrammarCompiler};
 pub use kernels::argmax;
 pub use select::top_k_pairs;
 
+/// Most alternatives `logprobs` may ask for per token (OpenAI's limit).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// Largest |presence_penalty| and |frequency_penalty| (OpenAI's range).
+pub const MAX_ADDITIVE_PENALTY: f32 = 2.0;
+
 /// Request-level sampling options (OpenAI / vLLM semantics).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy.
     pub temperature: f32,
-    /// 0 disables.
-    pub top_k: usize,
+    /// Keep the `top_k` most likely tokens; 0 or -1 disables (vLLM's
+    /// convention, so a client's -1 reaches [`SamplingParams::validate`]
+    /// unchanged).
+    pub top_k: i64,
     /// 1 disables.
     pub top_p: f32,
     /// 0 disables.
@@ -70,6 +78,15 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling parameter with no meaning, named by its OpenAI / vLLM field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidSampling {
+    /// The request field (`temperature`, `top_k`, `presence_penalty`, ...).
+    pub field: &'static str,
+    pub message: String,
+}
+
 impl SamplingParams {
     pub fn greedy() -> Self {
         SamplingParams {
@@ -78,35 +95,103 @@ impl SamplingParams {
         }
     }
 
-    /// Rejects values that have no meaning (negative temperature, top_p > 1...).
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(ModelError::Sampling(m.to_owned()));
+    /// The one validation of every field, each refusal naming its field:
+    /// the server calls it at the HTTP boundary (before any side effect)
+    /// and [`SequenceSampler::new`] at the engine's, so no caller of the
+    /// engine can bypass it.
+    pub fn validate(&self) -> std::result::Result<(), InvalidSampling> {
+        let bad = |field: &'static str, message: String| Err(InvalidSampling { field, message });
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad("temperature must be >= 0");
+            return bad(
+                "temperature",
+                format!("temperature must be >= 0, got {}", self.temperature),
+            );
+        }
+        if self.top_k < -1 {
+            return bad(
+                "top_k",
+                format!(
+                    "top_k must be -1 or 0 (disabled) or positive, got {}",
+                    self.top_k
+                ),
+            );
         }
         if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
-            return bad("top_p must be in (0, 1]");
+            return bad(
+                "top_p",
+                format!("top_p must be in (0, 1], got {}", self.top_p),
+            );
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p must be in [0, 1]");
+            return bad(
+                "min_p",
+                format!("min_p must be in [0, 1], got {}", self.min_p),
+            );
         }
         if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
-            return bad("repetition_penalty must be > 0");
+            return bad(
+                "repetition_penalty",
+                format!(
+                    "repetition_penalty must be > 0, got {}",
+                    self.repetition_penalty
+                ),
+            );
         }
-        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
-            return bad("penalties must be finite");
+        let m = MAX_ADDITIVE_PENALTY;
+        for (field, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            // Also refuses NaN and infinities.
+            if !(-m..=m).contains(&v) {
+                return bad(field, format!("{field} must be in [-{m}, {m}], got {v}"));
+            }
+        }
+        if self.max_tokens == 0 {
+            return bad("max_tokens", "max_tokens must be at least 1".into());
+        }
+        if let Some(k) = self.logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return bad(
+                "logprobs",
+                format!(
+                    "logprobs: at most {MAX_LOGPROBS} alternatives per token are served, got {k}"
+                ),
+            );
         }
         Ok(())
     }
+
+    /// How many candidates top-k keeps; `None` when disabled.
+    pub fn top_k_limit(&self) -> Option<usize> {
+        usize::try_from(self.top_k).ok().filter(|&k| k > 0)
+    }
 }
 
-/// Why a sequence finished.
+/// Why a sequence finished: the one finish reason of the stack (the
+/// sampler decides `Stop` and `Length`; the engine adds the other two).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// A stop token or EOS.
+    /// A stop token or EOS (or a completed grammar).
     Stop,
     /// `max_tokens` reached.
     Length,
+    /// The client went away or the program was released.
+    Cancelled,
+    /// The engine could not continue the request (a model or sampling
+    /// failure; the server log says which).
+    Error,
+}
+
+impl FinishReason {
+    /// The OpenAI / vLLM `finish_reason` string.
+    pub fn as_openai(&self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "abort",
+            Self::Error => "error",
+        }
+    }
 }
 
 /// One sampled token.
@@ -132,7 +217,13 @@ pub struct SequenceSampler {
 }
 
 impl SequenceSampler {
-    pub fn new(params: SamplingParams, prompt: &[u32]) -> Result<Self> {
+    /// Validates `params` ([`SamplingParams::validate`]) and sets up the
+    /// penalties (over the prompt) and the grammar matcher: O(prompt), so
+    /// callers build it before taking any lock.
+    pub fn new(
+        params: SamplingParams,
+        prompt: &[u32],
+    ) -> std::result::Result<Self, InvalidSampling> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(|| rand::thread_rng().gen());
         Ok(SequenceSampler {
@@ -216,7 +307,8 @@ impl SequenceSampler {
             return argmax(row);
         }
         let u = self.rng.gen::<f64>();
-        let filtered = (p.top_k > 0 && p.top_k < row.len()) || p.top_p < 1.0 || p.min_p > 0.0;
+        let filtered =
+            p.top_k_limit().is_some_and(|k| k < row.len()) || p.top_p < 1.0 || p.min_p > 0.0;
         if !filtered {
             let mut blocks = Vec::new();
             let z = kernels::block_sums(row, m, inv_t, &mut blocks);
@@ -375,6 +467,85 @@ mod tests {
         });
         assert_eq!(s.sample(&logits).unwrap().token_id, 0);
         assert_eq!(s.sample(&logits).unwrap().token_id, 0); // 0.95 > 0.9
+    }
+
+    #[test]
+    fn validation_names_the_field_it_refuses() {
+        let d = SamplingParams::default;
+        for (p, field) in [
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..d()
+                },
+                "temperature",
+            ),
+            (SamplingParams { top_k: -2, ..d() }, "top_k"),
+            (SamplingParams { top_p: 0.0, ..d() }, "top_p"),
+            (SamplingParams { min_p: 1.5, ..d() }, "min_p"),
+            (
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..d()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: 2.5,
+                    ..d()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: f32::INFINITY,
+                    ..d()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    max_tokens: 0,
+                    ..d()
+                },
+                "max_tokens",
+            ),
+            (
+                SamplingParams {
+                    logprobs: Some(MAX_LOGPROBS + 1),
+                    ..d()
+                },
+                "logprobs",
+            ),
+        ] {
+            let e = p.validate().expect_err(field);
+            assert_eq!(e.field, field, "{e}");
+            assert!(
+                e.message.starts_with(field),
+                "the message names {field}: {e}"
+            );
+            // The sampler refuses the same, with the same error.
+            assert_eq!(SequenceSampler::new(p, &[]).err(), Some(e));
+        }
+        // -1 and 0 disable top-k (vLLM), as do values past the vocabulary.
+        for (k, limit) in [(-1, None), (0, None), (5, Some(5))] {
+            let p = SamplingParams { top_k: k, ..d() };
+            assert!(p.validate().is_ok());
+            assert_eq!(p.top_k_limit(), limit);
+        }
+    }
+
+    #[test]
+    fn finish_reasons_name_openai_strings() {
+        let all = [
+            FinishReason::Stop,
+            FinishReason::Length,
+            FinishReason::Cancelled,
+            FinishReason::Error,
+        ];
+        let names: Vec<&str> = all.iter().map(FinishReason::as_openai).collect();
+        assert_eq!(names, ["stop", "length", "abort", "error"]);
     }
 
     #[test]

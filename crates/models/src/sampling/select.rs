@@ -110,8 +110,8 @@ pub(super) fn kept(row: &[f32], m: f32, inv_t: f32, p: &SamplingParams) -> Vec<C
     } else {
         f32::NEG_INFINITY
     };
-    let (mut c, z) = if p.top_k > 0 && p.top_k < row.len() {
-        let mut c = top_k(row, p.top_k);
+    let (mut c, z) = if let Some(k) = p.top_k_limit().filter(|&k| k < row.len()) {
+        let mut c = top_k(row, k);
         let z = weigh(&mut c, m, inv_t);
         (c, z)
     } else if p.top_p < 1.0 {

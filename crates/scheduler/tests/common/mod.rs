@@ -12,8 +12,8 @@ use std::ops::{Deref, DerefMut};
 
 use agentd_kv::PrefixMatch;
 use agentd_scheduler::{
-    Contexts, Decision, Placement, Policy, ProgramId, ProgramScheduler, ReplicaSet, Replicas,
-    Route, SchedulerConfig,
+    Contexts, Decision, GroupId, Placement, Policy, ProgramId, ProgramScheduler, ReplicaSet,
+    Replicas, Route, SchedulerConfig,
 };
 
 /// Tokens per block in every test (small, so block counts stay readable).
@@ -53,8 +53,11 @@ pub enum Logged {
     Finished(ProgramId, bool),
 }
 
-/// The harness's contexts: each program's full token context.
-struct Ctx<'a>(&'a BTreeMap<ProgramId, Vec<u32>>);
+/// Each grouped program's group and the group's announced size.
+pub type Groups = BTreeMap<ProgramId, (GroupId, Option<usize>)>;
+
+/// The harness's contexts: each program's full token context, and groups.
+struct Ctx<'a>(&'a BTreeMap<ProgramId, Vec<u32>>, &'a Groups);
 
 impl Contexts for Ctx<'_> {
     fn context(&self, p: ProgramId) -> Option<&[u32]> {
@@ -62,6 +65,9 @@ impl Contexts for Ctx<'_> {
     }
     fn generated(&self, _p: ProgramId) -> usize {
         0
+    }
+    fn group(&self, p: ProgramId) -> Option<(GroupId, Option<usize>)> {
+        self.1.get(&p).copied()
     }
 }
 
@@ -71,6 +77,8 @@ pub struct Engine<P: Policy> {
     pub now: f64,
     /// Each program's full context (prompt + generated + tool output).
     pub ctx: BTreeMap<ProgramId, Vec<u32>>,
+    /// Programs that belong to a group (RL rollouts, `n` choices).
+    pub groups: Groups,
     /// Prefix match of each program's latest (re)start.
     pub last_match: BTreeMap<ProgramId, PrefixMatch>,
     /// When set, admission prefills at most this many tokens (chunked prefill);
@@ -111,6 +119,7 @@ impl<P: Policy> Engine<P> {
             core: ReplicaSet::new(policy, replicas, blocks, BS, 0, true),
             now: 0.0,
             ctx: BTreeMap::new(),
+            groups: BTreeMap::new(),
             last_match: BTreeMap::new(),
             prefill_chunk: None,
             log: Vec::new(),
@@ -134,7 +143,9 @@ impl<P: Policy> Engine<P> {
     /// A request of `p` whose context grows by `toks`.
     pub fn request_tokens(&mut self, p: ProgramId, toks: &[u32]) -> Route {
         self.ctx.entry(p).or_default().extend_from_slice(toks);
-        let started = self.core.on_request(p, self.now, &Ctx(&self.ctx));
+        let started = self
+            .core
+            .on_request(p, self.now, &Ctx(&self.ctx, &self.groups));
         let route = match started {
             Some(s) => {
                 self.last_match.insert(p, s.matched);
@@ -201,7 +212,9 @@ impl<P: Policy> Engine<P> {
 
     /// One step boundary of replica `r`: the policy's decision, applied.
     pub fn step(&mut self, r: usize) -> Decision {
-        let s = self.core.schedule(r, self.now, &Ctx(&self.ctx));
+        let s = self
+            .core
+            .schedule(r, self.now, &Ctx(&self.ctx, &self.groups));
         self.log.push(Logged::Decision(r, s.decision.clone()));
         for st in &s.started {
             self.last_match.insert(st.program, st.matched);

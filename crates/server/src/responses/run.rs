@@ -90,6 +90,9 @@ pub fn prepare(
         tool_resources: resolved.tool_resources,
         parent: resolved.parent,
         cache_salt: resolved.cache_salt,
+        group: resolved.group,
+        group_size: resolved.group_size,
+        tool_name: resolved.tool_name,
     };
     tracing::info!(response = %id, program = %program, prompt_tokens = tokens.len(),
         previous = ?req.previous_response_id, store, stream = req.common.stream, "response");

@@ -66,7 +66,12 @@ pub async fn handle(
         }
         _ => None,
     };
-    let mut sampling = sampling::build(&req.common, top, prompt.len(), state.max_model_len)?;
+    let mut sampling = sampling::build(
+        &req.common,
+        top.map(|k| (k, "top_logprobs")),
+        prompt.len(),
+        state.max_model_len,
+    )?;
     sampling.params.constraint = constraint;
     let n = choices::count(req.common.n, 1)?;
     tracing::info!(
@@ -78,8 +83,11 @@ pub async fn handle(
         tools = output.tool_calls,
         "chat completion"
     );
-    let choices = choices::submit(&state, &program, vec![(prompt, sampling)], n, top.is_some())?;
+    let choices =
+        choices::submit_offloaded(&state, &program, vec![(prompt, sampling)], n, top.is_some())
+            .await?;
     let meta = ResponseMeta::new(&state, "chatcmpl");
+    let tool_note = choices::ToolNote::new(&state, &program);
     if req.common.stream {
         let include_usage = req
             .common
@@ -90,8 +98,8 @@ pub async fn handle(
             choices,
             output,
             meta,
-            include_usage,
-            top.is_some(),
+            (include_usage, top.is_some()),
+            tool_note,
         ));
     }
     let done = choices::collect_all(choices).await?;
@@ -100,6 +108,9 @@ pub async fn handle(
     for (index, first, d) in done {
         let parsed = parse_output(&d.text, &output, &mut ToolCallIds::Random);
         let reason = finish_reason(d.reason, !parsed.tool_calls.is_empty());
+        if let (0, Some(note), Some(call)) = (index, &tool_note, parsed.tool_calls.first()) {
+            note.note(&call.function.name);
+        }
         usages.push((first, d.usage));
         out.push(ChatChoice {
             index,
@@ -159,6 +170,9 @@ struct ChatStream {
     /// Logprobs of tokens whose text the parser still holds back.
     pending_logprobs: Vec<TokenLogprob>,
     called_tools: bool,
+    /// The program's turn (choice 0): the first tool called, for the engine.
+    tool_note: Option<choices::ToolNote>,
+    first_tool: Option<String>,
     started: bool,
     done: bool,
 }
@@ -193,6 +207,9 @@ impl ChatStream {
     fn deltas(&mut self, deltas: Vec<ChatDelta>, out: &mut Vec<Bytes>) {
         for d in deltas {
             self.called_tools |= !d.tool_calls.is_empty();
+            if self.first_tool.is_none() && self.tool_note.is_some() {
+                self.first_tool = d.tool_calls.iter().find_map(|c| c.function.name.clone());
+            }
             let lp = self
                 .logprobs
                 .then(|| std::mem::take(&mut self.pending_logprobs));
@@ -233,6 +250,9 @@ impl ChatStream {
                 d.extend(self.parser.finish());
                 self.deltas(d, &mut out);
                 let reason = finish_reason(reason, self.called_tools);
+                if let (Some(note), Some(tool)) = (&self.tool_note, &self.first_tool) {
+                    note.note(tool);
+                }
                 let lp = self
                     .logprobs
                     .then(|| std::mem::take(&mut self.pending_logprobs))
@@ -259,8 +279,8 @@ fn stream_response(
     choices: Vec<Choice>,
     output: OutputOptions,
     meta: ResponseMeta,
-    include_usage: bool,
-    logprobs: bool,
+    (include_usage, logprobs): (bool, bool),
+    tool_note: Option<choices::ToolNote>,
 ) -> Response {
     let streams = choices
         .into_iter()
@@ -275,6 +295,12 @@ fn stream_response(
                 logprobs,
                 pending_logprobs: Vec::new(),
                 called_tools: false,
+                tool_note: if c.index == 0 {
+                    tool_note.clone()
+                } else {
+                    None
+                },
+                first_tool: None,
                 started: false,
                 done: false,
             };

@@ -85,7 +85,12 @@ pub async fn handle(
     let mut prompt_ids = Vec::with_capacity(prompts.len());
     let mut submit = Vec::with_capacity(prompts.len());
     for (ids, text) in prompts {
-        let sampling = sampling::build(&req.common, req.logprobs, ids.len(), state.max_model_len)?;
+        let sampling = sampling::build(
+            &req.common,
+            req.logprobs.map(|k| (k, "logprobs")),
+            ids.len(),
+            state.max_model_len,
+        )?;
         tracing::info!(
             program = ?program.program,
             prompt_tokens = ids.len(),
@@ -101,7 +106,7 @@ pub async fn handle(
         submit.push((ids, sampling));
     }
     let logprobs = req.logprobs.is_some();
-    let choices = choices::submit(&state, &program, submit, n, logprobs)?;
+    let choices = choices::submit_offloaded(&state, &program, submit, n, logprobs).await?;
     let meta = ResponseMeta::new(&state, "cmpl");
     let echo = |index: usize| req.echo.then(|| texts[index / n].clone());
     // vLLM's `return_token_ids`: each choice carries its prompt's ids (on its

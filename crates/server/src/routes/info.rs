@@ -30,8 +30,9 @@ pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
-    let snapshot = state.engine.metrics();
-    let mut text = metrics::render(&snapshot, &state.model_name);
+    // A snapshot the engine's workers publish: no engine lock here.
+    let snapshot = state.engine.snapshot().await;
+    let mut text = metrics::render(&snapshot.metrics, &state.model_name);
     text.push_str(&metrics::render_tools(
         &state.tools.registry.metrics(),
         &state.model_name,

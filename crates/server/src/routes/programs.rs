@@ -15,13 +15,14 @@ use crate::tenant::Caller;
 /// The caller's programs, under the ids the caller gave them.
 pub async fn list(State(state): State<SharedState>) -> Json<Vec<ProgramStatus>> {
     let caller = Caller::current();
-    let mine = state
-        .engine
-        .programs()
-        .into_iter()
-        .filter_map(|mut p| {
-            p.id = caller.own(&p.id)?.to_string();
-            Some(p)
+    // The engine's published snapshot: no engine lock here.
+    let snapshot = state.engine.snapshot().await;
+    let mine = snapshot
+        .programs
+        .iter()
+        .filter_map(|p| {
+            let id = caller.own(&p.id)?.to_string();
+            Some(ProgramStatus { id, ..p.clone() })
         })
         .collect();
     Json(mine)

@@ -51,15 +51,16 @@ pub async fn program(
 ) -> Result<Json<Value>, ApiError> {
     program_id::check(&id)?;
     let key = Caller::current().program_key(&id);
-    let engine = state
-        .engine
-        .programs()
-        .into_iter()
-        .find(|p| p.id == key)
-        .map(|mut p| {
-            p.id.clone_from(&id);
-            p
-        });
+    let engine =
+        state
+            .engine
+            .snapshot()
+            .await
+            .program(&key)
+            .map(|p| agentd_engine::ProgramStatus {
+                id: id.clone(),
+                ..p.clone()
+            });
     let tools = state.tools.registry.program(&key);
     let env = state.tools.environments.status(&key).map(|mut s| {
         s.program_id.clone_from(&id);

@@ -136,6 +136,20 @@ fn field_mutations() -> Vec<(&'static str, Value)> {
         ("cache_salt", json!({})),
         ("cache_salt", json!(true)),
         ("cache_salt", json!("x".repeat(100_000))),
+        ("group_id", json!("")),
+        ("group_id", json!(5)),
+        ("group_id", json!("g".repeat(100_000))),
+        ("group_size", json!(4)),
+        ("group_size", json!(0)),
+        ("group_size", json!(-1)),
+        ("group_size", json!(BIG)),
+        ("group_size", json!("4")),
+        ("tool_name", json!("")),
+        ("tool_name", json!(5)),
+        ("tool_name", json!("t".repeat(100_000))),
+        ("extra_body", json!({"group_id": ""})),
+        ("extra_body", json!({"group_size": 2})),
+        ("extra_body", json!({"tool_name": ["x"]})),
     ]
 }
 

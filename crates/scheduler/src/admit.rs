@@ -1,0 +1,378 @@
+//! Admission from the one global queue (DESIGN §4), at a step boundary of
+//! replica `l`.
+//!
+//! Candidates come in this order:
+//! 1. *overdue* programs — queued at least `max_wait_s` — oldest first;
+//! 2. the queue's own order: restores before new programs, shortest first
+//!    with aging.
+//!
+//! A candidate is admitted together with the waiting members of its group
+//! (one *unit*, one replica, so the members share their prompt's blocks). A
+//! unit goes where `D + need ≤ λmin·C` (most room, or best fit), on its
+//! previous replica while its own blocks survive there. When it fits nowhere:
+//! * **work conservation** — if `l` runs nothing, acting programs of `l`
+//!   are paused for it (their blocks stay cached, evictable): a replica
+//!   never idles while a waiting program would fit once its tool-waiting
+//!   programs let go;
+//! * **bounded waiting** — if it is overdue, programs of `l` resident for at
+//!   least `max_wait_s` are paused for it, acting ones first, then reasoning
+//!   ones (pause order within each);
+//! * otherwise the first unit that fits nowhere reserves the replica with
+//!   the most room (EASY backfilling): nothing behind it is placed there
+//!   until it runs, while smaller programs may use the others.
+//!
+//! **The waiting bound.** With `T = max_wait_s`, the oldest queued program
+//! whose context fits one replica's pool is admitted within `2T` of being
+//! queued, at a step boundary: at `T` it is the first candidate of every
+//! step; every program resident at that moment has been resident for `T`
+//! by `2T` and may be paused for it, and a replica emptied of them takes any
+//! context its pool holds. Overdue programs are admitted oldest first. The
+//! price is recompute: a program paused for an overdue one waits in turn, so
+//! at extreme oversubscription residency rotates with a period of about `T`
+//! instead of some programs waiting without bound.
+//!
+//! A group is never half-admitted while some replica could hold it whole: it
+//! waits (reserving, as above) for that room; only a group larger than any
+//! replica's λmin·C is admitted member by member.
+
+use crate::program::Program;
+use crate::{Decision, Memory, Phase, Placement, ProgramId, ProgramScheduler, State};
+use tracing::debug;
+
+/// Admissions per decision, so one step boundary never stalls on a long queue.
+const MAX_ADMITS_PER_STEP: usize = 64;
+
+/// The per-replica view one decision builds up as it places units.
+struct Room {
+    /// Demand of each replica including this decision's placements.
+    tentative: Vec<f64>,
+    running: Vec<usize>,
+    empty: Vec<bool>,
+    /// Replicas held for a unit that fits nowhere yet.
+    reserved: Vec<bool>,
+}
+
+impl ProgramScheduler {
+    /// Restores from the global queue while some replica has room under λmin.
+    pub(crate) fn admit(&mut self, l: usize, now: f64, mem: &dyn Memory, out: &mut Decision) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let n = self.active.len();
+        let tentative = (0..n)
+            .map(|r| {
+                if r != l && now - self.demand[r].1 > self.cfg.demand_refresh_s {
+                    let d = self.demand(r, now, mem);
+                    self.demand[r] = (d, now);
+                }
+                self.demand[r].0
+            })
+            .collect();
+        let mut room = Room {
+            tentative,
+            running: self.running.clone(),
+            empty: (0..n).map(|r| self.active[r].is_empty()).collect(),
+            reserved: vec![false; n],
+        };
+        for p in self.candidates(now) {
+            // Admitted already with its group, or paused by this very
+            // decision: its blocks are still referenced in `mem` (the engine
+            // has not applied the pause yet), so `need` would count them as
+            // shared and restore it at once — a flap within one step.
+            if !self.queue.contains(p) || out.pause.contains(&p) {
+                continue;
+            }
+            if !self.place_unit(p, l, now, mem, &mut room, out) {
+                break;
+            }
+        }
+    }
+
+    /// Overdue programs oldest first, then the queue's order.
+    fn candidates(&self, now: f64) -> Vec<ProgramId> {
+        let mut v: Vec<ProgramId> = self
+            .queue
+            .overdue(now - self.cfg.max_wait_s, self.cfg.max_bypass)
+            .take(MAX_ADMITS_PER_STEP)
+            .collect();
+        let rest: Vec<ProgramId> = self
+            .queue
+            .iter()
+            .take(MAX_ADMITS_PER_STEP)
+            .filter(|p| !v.contains(p))
+            .collect();
+        v.extend(rest);
+        v
+    }
+
+    /// Queued for `max_wait_s`: it may pause programs for room.
+    fn overdue(&self, p: ProgramId, now: f64) -> bool {
+        self.queue
+            .enqueued_at(p)
+            .is_some_and(|at| now - at >= self.cfg.max_wait_s)
+    }
+
+    /// `p` and the other waiting members of its group, `p` first; `None`
+    /// while an announced group still gathers its members.
+    fn unit(&self, p: ProgramId, now: f64) -> Option<Vec<ProgramId>> {
+        let Some(g) = self.programs.get(&p).and_then(|q| q.group) else {
+            return Some(vec![p]);
+        };
+        if self.groups.gathering(g, now, self.cfg.group_gather_s) && !self.overdue(p, now) {
+            return None;
+        }
+        let mut unit = vec![p];
+        if let Some(group) = self.groups.get(g) {
+            unit.extend(
+                group
+                    .members
+                    .iter()
+                    .copied()
+                    .filter(|m| *m != p && self.queue.contains(*m)),
+            );
+        }
+        Some(unit)
+    }
+
+    /// Blocks the unit adds, its members' shared prompt counted once, and
+    /// whether its first member's own blocks survive on its previous replica.
+    fn unit_need(&mut self, unit: &[ProgramId], now: f64, mem: &dyn Memory) -> (f64, bool) {
+        let (mut total, own_survives) = self.need(unit[0], now, mem);
+        for &m in &unit[1..] {
+            let (need, _) = self.need(m, now, mem);
+            // A member never admitted has no blocks to measure its sharing
+            // on: its prompt's full blocks are those of the group's first.
+            let shared = match self.programs.get(&m) {
+                Some(q) if q.replica.is_none() => (q.group_shared_tokens / mem.block_size()) as f64,
+                _ => 0.0,
+            };
+            let floor = 1.0 + self.cfg.decode_reserve_blocks as f64;
+            total += (need - shared).max(floor.min(need));
+        }
+        (total, own_survives)
+    }
+
+    /// Places one unit (or reserves for it). False when every replica is
+    /// reserved: nothing further can be placed in this decision.
+    fn place_unit(
+        &mut self,
+        p: ProgramId,
+        l: usize,
+        now: f64,
+        mem: &dyn Memory,
+        room: &mut Room,
+        out: &mut Decision,
+    ) -> bool {
+        let Some(home) = self.programs.get(&p).map(|q| q.replica) else {
+            self.queue.remove(p);
+            return true;
+        };
+        let Some(mut unit) = self.unit(p, now) else {
+            return true;
+        };
+        let (mut need, own_survives) = self.unit_need(&unit, now, mem);
+        // While its own blocks survive on its previous replica, a program
+        // waits for room there: anywhere else it would recompute its whole
+        // context, which costs more than the wait (recompute ∝ c²).
+        let sticky = home.filter(|_| own_survives);
+        let mut best = self.best_replica(need, sticky, mem, room);
+        if best.is_none() && unit.len() > 1 && !self.could_ever_fit(need, mem) {
+            // Larger than any replica's room: member by member.
+            unit.truncate(1);
+            need = self.unit_need(&unit, now, mem).0;
+            best = self.best_replica(need, sticky, mem, room);
+        }
+        let here = sticky.is_none_or(|h| h == l) && !room.reserved[l];
+        if best.is_none() && here && room.running[l] == 0 {
+            let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
+            if waited >= self.cfg.idle_reclaim_after_s {
+                best = self.make_room(l, now, mem, need, room, &unit, Victims::Acting, out);
+            }
+        }
+        if best.is_none() && here && self.overdue(p, now) {
+            best = self.make_room(l, now, mem, need, room, &unit, Victims::Resident, out);
+        }
+        if best.is_none() && sticky.is_some() {
+            return true;
+        }
+        let Some(r) = best else {
+            return self.reserve_for(mem, room);
+        };
+        room.empty[r] = false;
+        room.tentative[r] += need;
+        // Until `r` recomputes its demand at its own next step, placements
+        // from other replicas' steps must see this admission too.
+        self.demand[r].0 += need;
+        room.running[r] += unit.len();
+        for m in unit {
+            self.admit_one(m, r, now, out);
+        }
+        true
+    }
+
+    fn admit_one(&mut self, p: ProgramId, r: usize, now: f64, out: &mut Decision) {
+        self.queue.admit(p);
+        let restore = self.programs.get(&p).is_some_and(|q| q.admitted_once);
+        if restore {
+            self.stats.restores += 1;
+        } else {
+            self.stats.admissions += 1;
+        }
+        debug!(program = %p, replica = r, restore, "admit");
+        self.update(p, |prog| {
+            prog.admitted_once = true;
+            prog.waiting = false;
+            prog.state = State::Active;
+            prog.replica = Some(r);
+            prog.admitted_at = now;
+        });
+        self.active[r].insert(p);
+        out.admit.push((p, r));
+    }
+
+    /// The replica a unit needing `need` blocks fits now, if any.
+    fn best_replica(
+        &self,
+        need: f64,
+        sticky: Option<usize>,
+        mem: &dyn Memory,
+        room: &Room,
+    ) -> Option<usize> {
+        // (replica, slack after placing)
+        let mut best: Option<(usize, f64)> = None;
+        for r in 0..room.tentative.len() {
+            if room.running[r] >= self.cfg.max_running
+                || sticky.is_some_and(|h| h != r)
+                || room.reserved[r]
+            {
+                continue;
+            }
+            let left = self.cfg.lambda_min * mem.capacity(r) as f64 - room.tentative[r];
+            // An empty replica takes any unit whose context fits its pool at
+            // all (its decode reserve aside: the engine caps a sequence at
+            // the pool), or a program larger than λmin·C would wait forever.
+            let reserve = self.cfg.decode_reserve_blocks as f64;
+            let fits = need <= left || (room.empty[r] && need - reserve <= mem.capacity(r) as f64);
+            if !fits {
+                continue;
+            }
+            let better = |slack: f64| match self.cfg.placement {
+                Placement::BestFit => left - need < slack,
+                Placement::MostRoom => left - need > slack,
+            };
+            if best.is_none_or(|(_, slack)| better(slack)) {
+                best = Some((r, left - need));
+            }
+        }
+        best.map(|(r, _)| r)
+    }
+
+    /// Whether some replica, drained, could hold `need` blocks under λmin.
+    fn could_ever_fit(&self, need: f64, mem: &dyn Memory) -> bool {
+        (0..self.active.len()).any(|r| need <= self.cfg.lambda_min * mem.capacity(r) as f64)
+    }
+
+    /// Backfilling with a reservation (as in EASY backfilling): the first
+    /// unit that fits nowhere reserves the replica with the most room, where
+    /// nothing behind it may be placed, so it runs as soon as that replica
+    /// drains; smaller units behind it may still use the other replicas'
+    /// room. With one replica this is strict queue order. False once every
+    /// replica is reserved.
+    fn reserve_for(&self, mem: &dyn Memory, room: &mut Room) -> bool {
+        let left = |r: usize| self.cfg.lambda_min * mem.capacity(r) as f64 - room.tentative[r];
+        let most_room = (0..room.reserved.len())
+            .filter(|&r| !room.reserved[r])
+            .max_by(|&a, &b| left(a).total_cmp(&left(b)).then(b.cmp(&a)));
+        match most_room {
+            Some(r) => {
+                room.reserved[r] = true;
+                !room.reserved.iter().all(|&x| x)
+            }
+            None => false,
+        }
+    }
+
+    /// Pauses programs of `l` (acting only, or any resident for at least
+    /// `max_wait_s`; pause order: acting first, shortest first) until a unit
+    /// needing `need` blocks fits, or fits the emptied replica. Pauses
+    /// nothing and returns `None` when even pausing every eligible program
+    /// would not make room.
+    #[allow(clippy::too_many_arguments)]
+    fn make_room(
+        &mut self,
+        l: usize,
+        now: f64,
+        mem: &dyn Memory,
+        need: f64,
+        room: &mut Room,
+        unit: &[ProgramId],
+        victims: Victims,
+        out: &mut Decision,
+    ) -> Option<usize> {
+        let eligible = |q: &Program, id: ProgramId| {
+            let in_unit_group = unit
+                .first()
+                .and_then(|u| self.programs.get(u))
+                .and_then(|u| u.group)
+                .is_some_and(|g| q.group == Some(g));
+            let ok = match victims {
+                Victims::Acting => q.phase == Phase::Acting,
+                Victims::Resident => now - q.admitted_at >= self.cfg.max_wait_s,
+            };
+            ok && !in_unit_group && !out.pause.contains(&id)
+        };
+        let order: Vec<(ProgramId, f64)> = self
+            .pause_order(l, now, mem)
+            .into_iter()
+            .filter(|&(q, _, _)| self.programs.get(&q).is_some_and(|x| eligible(x, q)))
+            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem)))
+            .collect();
+        if order.is_empty() {
+            return None;
+        }
+        let left = self.cfg.lambda_min * mem.capacity(l) as f64 - room.tentative[l];
+        let total: f64 = order.iter().map(|v| v.1).sum();
+        // Pausing every active program of `l` empties it, and an empty
+        // replica takes any unit its pool holds.
+        let empties = order.len() == self.active[l].len();
+        let reserve = self.cfg.decode_reserve_blocks as f64;
+        let fits_empty = empties && need - reserve <= mem.capacity(l) as f64;
+        if need > left + total && !fits_empty {
+            return None;
+        }
+        let mut freed = 0.0;
+        for (q, w) in order {
+            if need <= left + freed {
+                break;
+            }
+            debug!(replica = l, program = %q, need, ?victims, "make room: pause");
+            if self
+                .programs
+                .get(&q)
+                .is_some_and(|x| x.running_on().is_some())
+            {
+                room.running[l] = room.running[l].saturating_sub(1);
+            }
+            self.mark_paused(q, now, mem);
+            match victims {
+                Victims::Acting => self.stats.work_conserving_pauses += 1,
+                Victims::Resident => self.stats.overdue_pauses += 1,
+            }
+            out.pause.push(q);
+            freed += w;
+        }
+        room.tentative[l] -= freed;
+        self.demand[l].0 -= freed;
+        room.empty[l] = self.active[l].is_empty();
+        Some(l)
+    }
+}
+
+/// Who [`ProgramScheduler::make_room`] may pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Victims {
+    /// Work conservation: tool-waiting programs only.
+    Acting,
+    /// Bounded waiting: any program resident for at least `max_wait_s`.
+    Resident,
+}

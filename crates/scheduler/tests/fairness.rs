@@ -1,0 +1,159 @@
+//! Issue 12's rules past the knee, on the real `ProgramScheduler` over real
+//! `KvCache`s (block size 4): groups admitted whole, the waiting bound, and
+//! per-tool pause order.
+
+mod common;
+
+use agentd_scheduler::{GroupId, Policy, SchedulerConfig, ToolId, TOOL_MIN_SAMPLES};
+use common::{config, pid, system_prompt, Engine, BS};
+
+fn ids(v: &[agentd_scheduler::ProgramId]) -> Vec<u64> {
+    v.iter().map(|p| p.0).collect()
+}
+
+/// Members `first..first + n` of group 7 (announced size `n`): an 8-block
+/// shared prompt and 2 blocks of their own each.
+fn request_group(eng: &mut Engine<agentd_scheduler::ProgramScheduler>, first: u64, n: u64) {
+    for m in first..first + n {
+        eng.groups.insert(pid(m), (GroupId(7), Some(n as usize)));
+        let mut toks = system_prompt(8 * BS);
+        toks.extend(eng.own_tokens(pid(m), 2 * BS));
+        eng.request_tokens(pid(m), &toks);
+    }
+}
+
+/// A group is admitted whole, on one replica, or not at all: room for one
+/// member is not room for the group (its members are done only when the
+/// slowest is).
+#[test]
+fn a_group_is_never_half_admitted() {
+    // C = 100, λmin·C = 90. Program 1 runs with 72 blocks: D = 73, 17 left.
+    let mut eng = Engine::program(config(0.9, 1.0), 1, 100);
+    eng.request(pid(1), 72 * BS);
+    assert_eq!(eng.step(0).admit, vec![(pid(1), 0)]);
+    // Four members: the first needs 8 + 2 + 1 = 11 (it alone would fit), each
+    // other one 2 + 1 beyond the shared prompt: 20 for the group.
+    request_group(&mut eng, 10, 4);
+    eng.now = 0.1;
+    let d = eng.step(0);
+    assert!(d.admit.is_empty(), "half of a group admitted: {d:?}");
+    assert!(d.pause.is_empty(), "a reasoning program runs: {d:?}");
+    // Program 1 ends: the whole group goes in one decision.
+    eng.finish(pid(1));
+    eng.terminate(pid(1));
+    eng.now = 0.2;
+    let d = eng.step(0);
+    let mut got = ids(&d.admit.iter().map(|a| a.0).collect::<Vec<_>>());
+    got.sort();
+    assert_eq!(got, vec![10, 11, 12, 13], "{d:?}");
+    for m in 10..14 {
+        assert_eq!(eng.kv[0].blocks_held(pid(m)), 10);
+    }
+    eng.check_kv();
+}
+
+/// An announced group waits for its members (at most `group_gather_s`) so
+/// its first arrivals are not admitted alone, even on an empty pool.
+#[test]
+fn an_announced_group_gathers_its_members_before_admission() {
+    let cfg = SchedulerConfig {
+        group_gather_s: 0.5,
+        ..config(0.9, 1.0)
+    };
+    let mut eng = Engine::program(cfg, 1, 100);
+    // Two of four announced members arrive.
+    for m in [10u64, 11] {
+        eng.groups.insert(pid(m), (GroupId(7), Some(4)));
+        let mut toks = system_prompt(8 * BS);
+        toks.extend(eng.own_tokens(pid(m), 2 * BS));
+        eng.request_tokens(pid(m), &toks);
+    }
+    assert!(eng.step(0).admit.is_empty(), "admitted while gathering");
+    eng.now = 0.2;
+    assert!(eng.step(0).admit.is_empty(), "admitted while gathering");
+    // Past the gathering window the members present go together.
+    eng.now = 0.6;
+    let d = eng.step(0);
+    assert_eq!(d.admit, vec![(pid(10), 0), (pid(11), 0)]);
+    eng.check_kv();
+}
+
+/// The waiting bound: a program queued for `max_wait_s` pauses programs
+/// resident for at least as long (a reasoning one if need be) and starts.
+#[test]
+fn an_overdue_program_displaces_long_resident_ones() {
+    let cfg = SchedulerConfig {
+        max_wait_s: 2.0,
+        ..config(0.9, 1.0)
+    };
+    let mut eng = Engine::program(cfg, 1, 100);
+    // Two programs of 44 blocks fill λmin·C: D = 2 × 45 = 90.
+    eng.request(pid(1), 44 * BS);
+    eng.request(pid(2), 44 * BS);
+    assert_eq!(eng.step(0).admit.len(), 2);
+    eng.request(pid(3), 30 * BS);
+    eng.now = 1.0;
+    assert!(eng.step(0).is_empty(), "not overdue yet");
+    eng.now = 2.0;
+    let d = eng.step(0);
+    // Both were resident for 2 s and both are reasoning: shortest first,
+    // ties by id; one pause frees 45 ≥ 31.
+    assert_eq!(ids(&d.pause), vec![1]);
+    assert_eq!(d.admit, vec![(pid(3), 0)]);
+    assert_eq!(eng.policy.stats().overdue_pauses, 1);
+    eng.check_kv();
+
+    // Without the bound (the default) program 3 simply waits.
+    let mut off = Engine::program(config(0.9, 1.0), 1, 100);
+    off.request(pid(1), 44 * BS);
+    off.request(pid(2), 44 * BS);
+    off.step(0);
+    off.request(pid(3), 30 * BS);
+    off.now = 100.0;
+    assert!(off.step(0).is_empty());
+    assert_eq!(off.policy.num_waiting(), 1);
+}
+
+/// Records `n` acting durations of `tool` through program 50's turns.
+fn tool_history(eng: &mut Engine<agentd_scheduler::ProgramScheduler>, tool: ToolId, secs: f64) {
+    for _ in 0..TOOL_MIN_SAMPLES {
+        eng.finish(pid(50));
+        eng.core.note_tool(pid(50), tool, eng.now);
+        eng.now += secs;
+        eng.request(pid(50), 1);
+        eng.step(0);
+        assert!(eng.is_running(pid(50)));
+    }
+}
+
+/// Tools named by their programs go by their observed durations: a program
+/// 0.1 s into a 20 s test run is paused before a smaller one in a 0.3 s file
+/// read, which is back before its blocks could serve anyone else.
+#[test]
+fn named_tools_order_pauses_by_expected_remaining_time() {
+    let (read, test) = (ToolId(1), ToolId(2));
+    let mut eng = Engine::program(config(0.9, 1.0), 1, 100);
+    eng.request(pid(50), BS);
+    eng.step(0);
+    tool_history(&mut eng, read, 0.3);
+    tool_history(&mut eng, test, 20.0);
+    eng.finish(pid(50));
+    eng.terminate(pid(50));
+
+    // X (10 blocks) in a read, Y (20 blocks) in a test run.
+    eng.request(pid(1), 10 * BS);
+    eng.request(pid(2), 20 * BS);
+    assert_eq!(eng.step(0).admit.len(), 2);
+    eng.finish(pid(1));
+    eng.finish(pid(2));
+    eng.core.note_tool(pid(1), read, eng.now);
+    eng.core.note_tool(pid(2), test, eng.now);
+    eng.now += 0.1;
+    // Z needs 69 of the 60 left: pausing either one alone makes room.
+    // Shortest first would pause X, whose read is 0.2 s from done.
+    eng.request(pid(3), 68 * BS);
+    let d = eng.step(0);
+    assert_eq!(ids(&d.pause), vec![2], "{d:?}");
+    assert_eq!(d.admit, vec![(pid(3), 0)]);
+    eng.check_kv();
+}
