@@ -10,9 +10,12 @@
 //! pushed before it asked, so it sees every effect the client could have
 //! caused or observed before asking (a submitted or finished request, a
 //! release). If the latest snapshot is older, the reader asks for one and
-//! waits — at most [`READ_WAIT`] — for the next section to publish it; then
-//! it answers with what there is. A worker stuck in a long critical
-//! section therefore delays readers by at most `READ_WAIT`, never longer.
+//! waits — at most [`READ_WAIT`] — for the next section to publish it. If
+//! none did (every worker in a long forward, outside the lock), the reader
+//! takes the lock only if it is free, routes what the inbox holds and
+//! builds the snapshot itself; if a worker holds the lock (a long critical
+//! section), it answers with the latest one. A reader therefore waits at
+//! most `READ_WAIT` plus one snapshot build, and never for a held lock.
 //!
 //! Cost: a snapshot is built only when a reader asked, and at most once per
 //! [`MIN_REBUILD`]. Building walks every program (a `String` clone of its
@@ -128,6 +131,26 @@ impl Board {
         self.notify.notify_waiters();
     }
 
+    /// Builds and publishes a snapshot now, due or not: a reader's fallback
+    /// when every worker was busy outside the lock for [`READ_WAIT`] (a
+    /// long forward) and so published nothing.
+    pub fn publish_now(&self, core: &Core, seq: u64, routed: u64) -> Arc<Snapshot> {
+        let snap = Arc::new(core.snapshot());
+        let mut l = self.latest();
+        if seq >= l.seq {
+            *l = Latest {
+                seq,
+                routed,
+                snap: snap.clone(),
+                built: Some(Instant::now()),
+            };
+        }
+        drop(l);
+        self.published.notify_all();
+        self.notify.notify_waiters();
+        snap
+    }
+
     /// The latest snapshot if it is fresh for a reader that arrived at
     /// `target`.
     fn fresh(&self, target: Target) -> Option<Arc<Snapshot>> {
@@ -150,19 +173,20 @@ impl Board {
     }
 
     /// A snapshot fresh for a reader arriving now (see the module docs);
-    /// `kick` wakes idle workers so that one publishes.
-    pub async fn read(&self, pushed: u64, kick: impl Fn()) -> Arc<Snapshot> {
+    /// `kick` wakes idle workers so that one publishes. `Err` with the
+    /// latest one when none came within [`READ_WAIT`].
+    pub async fn read(&self, pushed: u64, kick: impl Fn()) -> Result<Arc<Snapshot>, Arc<Snapshot>> {
         let target = self.target(pushed);
         let deadline = Instant::now() + READ_WAIT;
         loop {
             // Registered before the check: a publish in between still wakes it.
             let notified = self.notify.notified();
             if let Some(s) = self.fresh(target) {
-                return s;
+                return Ok(s);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return self.latest().snap.clone();
+                return Err(self.latest().snap.clone());
             }
             self.ask(&kick);
             // Re-ask each MIN_REBUILD: a build that was not due yet is due then.
@@ -171,23 +195,27 @@ impl Board {
     }
 
     /// [`Board::read`] for callers outside an async runtime.
-    pub fn read_blocking(&self, pushed: u64, kick: impl Fn()) -> Arc<Snapshot> {
+    pub fn read_blocking(
+        &self,
+        pushed: u64,
+        kick: impl Fn(),
+    ) -> Result<Arc<Snapshot>, Arc<Snapshot>> {
         let target = self.target(pushed);
         let deadline = Instant::now() + READ_WAIT;
         let mut l = self.latest();
         loop {
             if target.met(&l) {
-                return l.snap.clone();
+                return Ok(l.snap.clone());
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return l.snap.clone();
+                return Err(l.snap.clone());
             }
             drop(l);
             self.ask(&kick);
             l = self.latest();
             if target.met(&l) {
-                return l.snap.clone();
+                return Ok(l.snap.clone());
             }
             l = match self.published.wait_timeout(l, left.min(MIN_REBUILD)) {
                 Ok((g, _)) => g,

@@ -312,14 +312,28 @@ impl Engine {
     pub async fn snapshot(&self) -> Arc<Snapshot> {
         let shared = &self.inner.shared;
         let pushed = shared.inbox.pushed();
-        shared.board.read(pushed, || shared.wake_all()).await
+        match shared.board.read(pushed, || shared.wake_all()).await {
+            Ok(snap) => snap,
+            // Routing the inbox is CPU work: not on a runtime thread.
+            Err(stale) => {
+                let shared = shared.clone();
+                tokio::task::spawn_blocking(move || shared.snapshot_now())
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or(stale)
+            }
+        }
     }
 
     /// [`Engine::snapshot`] for callers outside an async runtime.
     pub fn snapshot_blocking(&self) -> Arc<Snapshot> {
         let shared = &self.inner.shared;
         let pushed = shared.inbox.pushed();
-        shared.board.read_blocking(pushed, || shared.wake_all())
+        shared
+            .board
+            .read_blocking(pushed, || shared.wake_all())
+            .unwrap_or_else(|stale| shared.snapshot_now().unwrap_or(stale))
     }
 
     /// Longest prompt + output a request may have.

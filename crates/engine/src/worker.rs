@@ -8,7 +8,7 @@ use agentd_models::{BatchBuilder, LogitsFor, StepRunner};
 use rayon::prelude::*;
 use tracing::{error, info, warn};
 
-use crate::board::Board;
+use crate::board::{Board, Snapshot};
 use crate::core::{Core, Sampled, SeqPlan};
 use crate::inbox::Inbox;
 use crate::FinishReason;
@@ -140,6 +140,32 @@ impl Shared {
             seq: self.board.begin(),
             idle: false,
         }
+    }
+
+    /// The engine lock if it is free now.
+    pub fn try_lock(&self) -> Option<Held<'_>> {
+        let guard = match self.core.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(Held {
+            guard,
+            shared: self,
+            since: Instant::now(),
+            seq: self.board.begin(),
+            idle: false,
+        })
+    }
+
+    /// A reader's fallback ([`crate::board`]): with the lock free, route
+    /// the inbox's submissions and publish a snapshot built now.
+    pub fn snapshot_now(&self) -> Option<Arc<Snapshot>> {
+        let mut core = self.try_lock()?;
+        let submitted = self.inbox.take();
+        core.accept(submitted);
+        let snap = self.board.publish_now(&core, core.seq, self.inbox.taken());
+        Some(snap)
     }
 
     pub fn wake_all(&self) {

@@ -196,6 +196,88 @@ impl KvCache {
         }
     }
 
+    /// In-batch prefix sharing: extends `p`'s computed prefix with blocks of
+    /// its context cached since it was matched. Programs admitted in one
+    /// step with the same prompt (a rollout group, `n` choices, a burst on
+    /// one system prompt) all matched nothing of it then; the one planned
+    /// first computes it and the others, deferred a step
+    /// ([`KvCache::next_block_hash`]), find it here instead of computing it
+    /// again. Only when `p` holds exactly its computed whole blocks (no
+    /// partial tail, no slots beyond them); at most the context's length
+    /// minus one, as a match. Returns the tokens gained.
+    pub fn extend_match(&mut self, p: ProgramId, tokens: &[u32]) -> usize {
+        let bs = self.block_size;
+        let limit = tokens.len().saturating_sub(1);
+        let Some(kv) = self.programs.get(&p) else {
+            return 0;
+        };
+        let from = kv.hashes.len();
+        let aligned = kv.tail.is_empty()
+            && kv.num_computed == from * bs
+            && kv.blocks.len() == from
+            && kv.num_slots == kv.num_computed;
+        if !aligned || (from + 1) * bs > limit {
+            return 0;
+        }
+        let mut kv = self.take(p);
+        let mut gained = 0;
+        // Block by block, stopping at the first miss: one hash per step for
+        // a program that finds nothing (a long prompt mid-prefill).
+        for block in tokens[from * bs..limit / bs * bs].chunks_exact(bs) {
+            let h = hash_block(kv.hashes.last().copied(), block, kv.salt);
+            let Some(b) = self.pool.lookup(h) else { break };
+            let ex = self.pool.acquire(b, p);
+            self.note_acquire(p, &mut kv, ex);
+            kv.blocks.push(b);
+            kv.hashes.push(h);
+            gained += bs;
+        }
+        kv.num_computed += gained;
+        kv.num_slots = kv.num_computed;
+        self.stats.hit_tokens += gained as u64;
+        if gained > 0 {
+            trace!(program = %p, gained, "in-batch prefix match");
+        }
+        self.programs.insert(p, kv);
+        gained
+    }
+
+    /// The hash of `p`'s next block to compute, when `p` is at a block
+    /// boundary and that block is whole within its context (minus the last
+    /// token, as a match): what [`KvCache::extend_match`] could find once
+    /// another program computed it.
+    pub fn next_block_hash(&self, p: ProgramId, tokens: &[u32]) -> Option<BlockHash> {
+        let bs = self.block_size;
+        let kv = self.programs.get(&p)?;
+        let from = kv.hashes.len();
+        let aligned = kv.tail.is_empty() && kv.num_computed == from * bs;
+        if !aligned || (from + 1) * bs > tokens.len().saturating_sub(1) {
+            return None;
+        }
+        let block = tokens.get(from * bs..(from + 1) * bs)?;
+        Some(hash_block(kv.hashes.last().copied(), block, kv.salt))
+    }
+
+    /// Hashes of the blocks that computing the next `n` tokens of `p`'s
+    /// context (`tokens`) fills: what this step puts in the prefix cache.
+    pub fn blocks_filled_by(&self, p: ProgramId, tokens: &[u32], n: usize) -> Vec<BlockHash> {
+        let bs = self.block_size;
+        let Some(kv) = self.programs.get(&p) else {
+            return Vec::new();
+        };
+        let from = kv.hashes.len();
+        let end = (kv.num_computed + n).min(tokens.len()) / bs;
+        if end <= from {
+            return Vec::new();
+        }
+        hash_blocks(
+            kv.hashes.last().copied(),
+            &tokens[from * bs..end * bs],
+            bs,
+            kv.salt,
+        )
+    }
+
     /// Blocks `p` needs beyond what it holds to compute `n` more tokens.
     pub fn blocks_needed(&self, p: ProgramId, n: usize) -> usize {
         let kv = self.programs.get(&p);

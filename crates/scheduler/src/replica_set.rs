@@ -20,9 +20,9 @@
 //!    [`ReplicaSet::commit`] per planned sequence and [`ReplicaSet::finish`]
 //!    per request that ended.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use agentd_kv::{KvCache, KvError, PrefixMatch, ProgramId};
+use agentd_kv::{BlockHash, KvCache, KvError, PrefixMatch, ProgramId};
 use tracing::debug;
 
 use crate::{Decision, GroupId, GroupJoin, Policy, Replicas, Route, ToolId};
@@ -94,6 +94,9 @@ pub struct StepPlan {
     /// Tokens of budget left unused (a batch below its budget while requests
     /// wait is lost throughput).
     pub budget_left: usize,
+    /// Prefills held back a step because a sequence planned before them
+    /// computes their next block in this step (in-batch prefix sharing).
+    pub deferred: usize,
 }
 
 /// Counters the core keeps about what it applied.
@@ -310,6 +313,8 @@ impl<P: Policy> ReplicaSet<P> {
             budget_left: budget,
             ..StepPlan::default()
         };
+        // Blocks this step's prefills fill, for in-batch prefix sharing.
+        let mut filling: HashSet<BlockHash> = HashSet::new();
         for (prefill, p) in order {
             if plan.budget_left == 0 {
                 break;
@@ -317,13 +322,27 @@ impl<P: Policy> ReplicaSet<P> {
             if !self.running[r].contains(&p) {
                 continue; // paused by an earlier allocation of this step
             }
-            let Some(len) = ctx.context(p).map(<[u32]>::len) else {
+            let Some(tokens) = ctx.context(p) else {
                 continue;
             };
+            let len = tokens.len();
+            if prefill {
+                // What a program planned earlier computed in a past step
+                // (the block it waited on) is cached now: take it.
+                self.kv[r].extend_match(p, tokens);
+                let next = self.kv[r].next_block_hash(p, tokens);
+                if next.is_some_and(|h| filling.contains(&h)) {
+                    plan.deferred += 1;
+                    continue;
+                }
+            }
             let computed = self.kv[r].num_computed(p);
             let n = len.saturating_sub(computed).min(plan.budget_left);
             if n == 0 || !self.reserve(r, p, n, now, &mut plan.preempted) {
                 continue;
+            }
+            if prefill {
+                filling.extend(self.kv[r].blocks_filled_by(p, tokens, n));
             }
             plan.seqs.push(Planned {
                 program: p,

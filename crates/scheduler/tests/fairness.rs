@@ -33,6 +33,8 @@ fn a_group_is_never_half_admitted() {
     assert_eq!(eng.step(0).admit, vec![(pid(1), 0)]);
     // Four members: the first needs 8 + 2 + 1 = 11 (it alone would fit), each
     // other one 2 + 1 beyond the shared prompt: 20 for the group.
+    // Admission only: the batches below compute (as the engine does).
+    eng.prefill_chunk = Some(0);
     request_group(&mut eng, 10, 4);
     eng.now = 0.1;
     let d = eng.step(0);
@@ -46,9 +48,19 @@ fn a_group_is_never_half_admitted() {
     let mut got = ids(&d.admit.iter().map(|a| a.0).collect::<Vec<_>>());
     got.sort();
     assert_eq!(got, vec![10, 11, 12, 13], "{d:?}");
-    for m in 10..14 {
-        assert_eq!(eng.kv[0].blocks_held(pid(m)), 10);
+    // In-batch prefix sharing: the first member planned computes the shared
+    // prompt; the others wait a step and take its 8 blocks from the cache.
+    let first = eng.run_batch(0, 1000);
+    assert_eq!((first.seqs.len(), first.deferred), (1, 3), "{first:?}");
+    let second = eng.run_batch(0, 1000);
+    assert_eq!(second.seqs.len(), 3, "{second:?}");
+    for s in &second.seqs {
+        assert_eq!((s.num_computed, s.num_new), (8 * BS, 2 * BS), "{s:?}");
     }
+    for m in 10..14 {
+        assert_eq!(eng.kv[0].num_computed(pid(m)), 10 * BS);
+    }
+    assert_eq!(eng.kv[0].pool().num_referenced(), 8 + 4 * 2);
     eng.check_kv();
 }
 

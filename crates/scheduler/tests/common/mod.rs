@@ -13,7 +13,7 @@ use std::ops::{Deref, DerefMut};
 use agentd_kv::PrefixMatch;
 use agentd_scheduler::{
     Contexts, Decision, GroupId, Placement, Policy, ProgramId, ProgramScheduler, ReplicaSet,
-    Replicas, Route, SchedulerConfig,
+    Replicas, Route, SchedulerConfig, StepPlan,
 };
 
 /// Tokens per block in every test (small, so block counts stay readable).
@@ -223,6 +223,22 @@ impl<P: Policy> Engine<P> {
             self.prefill(p);
         }
         s.decision
+    }
+
+    /// One batch of `r` as the engine runs it: the core's plan (decodes
+    /// first, then prefill chunks under `budget`, in-batch prefix sharing),
+    /// then every planned sequence's tokens committed.
+    pub fn run_batch(&mut self, r: usize, budget: usize) -> StepPlan {
+        let plan = self
+            .core
+            .plan_batch(r, self.now, budget, &Ctx(&self.ctx, &self.groups));
+        for s in &plan.seqs {
+            let toks = self.ctx[&s.program][s.num_computed..s.num_computed + s.num_new].to_vec();
+            self.core
+                .commit(r, s.program, &toks)
+                .expect("planned slots");
+        }
+        plan
     }
 
     /// The latest request of `p` finished (it was running and fully computed).
