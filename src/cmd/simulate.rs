@@ -42,6 +42,10 @@ pub struct SimulateArgs {
     /// Tokens of one step's budget (max_num_batched_tokens).
     #[arg(long, default_value_t = 8192)]
     max_batched_tokens: usize,
+    /// Programs per rollout group (GRPO's n samples of one task, sharing it):
+    /// admitted and restored together; 1: no groups.
+    #[arg(long, default_value_t = 1)]
+    group_size: usize,
     /// Check the KV pool invariants after every step (slow).
     #[arg(long)]
     check_invariants: bool,
@@ -63,7 +67,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         for &policy in &args.policy {
             let mut sched: SchedulerConfig = args.sched.to_config(policy);
             sched.policy = policy;
-            let mut cfg = SimConfig::new(args.workload.clone(), sched);
+            let mut workload = args.workload.clone();
+            workload.group_size = args.group_size.max(1);
+            let mut cfg = SimConfig::new(workload, sched);
             cfg.concurrency = c;
             cfg.replicas = args.replicas;
             cfg.duration_s = args.duration_s;
@@ -87,6 +93,15 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 r.wall_s,
                 started.elapsed().as_secs_f64()
             );
+            if r.groups_completed > 0 {
+                eprintln!(
+                    "        groups of {}: {} done, makespan p50 {:.1}s max {:.1}s",
+                    args.group_size,
+                    r.groups_completed,
+                    r.group_makespan_p50_s,
+                    r.group_makespan_max_s
+                );
+            }
             runs.push(r);
         }
     }

@@ -10,7 +10,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::Instant;
 
 use agentd_kv::{KvCache, ProgramId};
-use agentd_scheduler::{build_policy, Contexts, Policy, ReplicaSet, Started, ToolId};
+use agentd_scheduler::{build_policy, Contexts, GroupId, Policy, ReplicaSet, Started, ToolId};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -32,6 +32,14 @@ pub(crate) struct Prog {
     pub ever_computed: usize,
     /// Requests finished so far (0 while the first one runs).
     pub turns_done: usize,
+    /// The rollout group it belongs to (`Workload::group_size` > 1).
+    pub group: Option<u64>,
+}
+
+/// A live rollout group: when it started and members still running.
+pub(crate) struct GroupRun {
+    pub started: f64,
+    pub live: usize,
 }
 
 /// The simulated programs' contexts, lent to the core.
@@ -43,6 +51,10 @@ impl Contexts for SimCtx<'_> {
     }
     fn generated(&self, p: ProgramId) -> usize {
         self.0.get(&p).map_or(0, |q| q.generated)
+    }
+    fn group(&self, p: ProgramId) -> Option<(GroupId, Option<usize>)> {
+        let g = self.0.get(&p)?.group?;
+        Some((GroupId(g), None))
     }
 }
 
@@ -91,6 +103,8 @@ pub struct Simulation {
     events: BinaryHeap<Reverse<(At, u64, Event)>>,
     event_seq: u64,
     next_program: u64,
+    groups: HashMap<u64, GroupRun>,
+    next_group: u64,
     /// Something happened that may let an idle replica run (arrival, finish,
     /// admission elsewhere).
     pub(crate) dirty: bool,
@@ -137,6 +151,8 @@ impl Simulation {
             events: BinaryHeap::new(),
             event_seq: 0,
             next_program: 0,
+            groups: HashMap::new(),
+            next_group: 0,
             dirty: false,
         })
     }
@@ -149,9 +165,10 @@ impl Simulation {
     /// Runs until the simulated duration and returns the measurements.
     pub fn run(mut self) -> Result<RunResult, SimError> {
         let wall = Instant::now();
-        // Stagger the first programs over a few seconds, as agents start.
-        for i in 0..self.cfg.concurrency {
-            self.push(i as f64 * 0.05, Event::Spawn);
+        // Stagger the first programs (groups) over a few seconds, as agents start.
+        let g = self.cfg.workload.group_size.max(1);
+        for i in 0..self.cfg.concurrency.div_ceil(g) {
+            self.push(i as f64 * 0.05 * g as f64, Event::Spawn);
         }
         while let Some(Reverse((At(t), _, e))) = self.events.pop() {
             if t > self.cfg.duration_s {
@@ -161,7 +178,7 @@ impl Simulation {
             let usages: Vec<f64> = self.core.kv.iter().map(KvCache::usage).collect();
             self.metrics.sample_usage(t, &usages);
             match e {
-                Event::Spawn => self.spawn(),
+                Event::Spawn => self.spawn_group(),
                 Event::ToolDone(id) => self.next_turn(ProgramId(id)),
                 Event::Step(r) => {
                     self.finish_step(r);
@@ -185,8 +202,29 @@ impl Simulation {
         }
     }
 
-    /// Starts a new program with its first request.
-    fn spawn(&mut self) {
+    /// Starts a new program, or a rollout group of them, with their first
+    /// requests.
+    fn spawn_group(&mut self) {
+        let size = self.cfg.workload.group_size;
+        if size <= 1 {
+            return self.spawn(None);
+        }
+        let g = self.next_group;
+        self.next_group += 1;
+        self.groups.insert(
+            g,
+            GroupRun {
+                started: self.now,
+                live: size,
+            },
+        );
+        for _ in 0..size {
+            self.spawn(Some(g));
+        }
+    }
+
+    /// Starts a new program (a member of `group`) with its first request.
+    fn spawn(&mut self, group: Option<u64>) {
         let id = ProgramId(self.next_program);
         self.next_program += 1;
         let mut rng =
@@ -204,8 +242,18 @@ impl Simulation {
             request_arrived: self.now,
             ever_computed: 0,
             turns_done: 0,
+            group,
         };
-        append_tokens(&mut prog, id, task);
+        match group {
+            // The members' common task: the group's own token stream.
+            Some(g) => {
+                let task = uniform(&mut group_rng(self.cfg.seed, g), w.task_tokens);
+                for i in 0..task as u64 {
+                    prog.context.push(token_at(GROUP_STREAMS + g, i));
+                }
+            }
+            None => append_tokens(&mut prog, id, task),
+        }
         self.programs.insert(id, prog);
         self.request(id);
     }
@@ -219,9 +267,13 @@ impl Simulation {
         };
         let n = w.tool_tokens.sample(&mut prog.rng) as usize;
         if prog.turns_left == 0 || prog.context.len() + n + w.gen_tokens.1 > w.max_context {
+            let group = self.programs.get(&p).and_then(|q| q.group);
             self.terminate(p);
             self.metrics.programs_completed += u64::from(self.metrics.in_window(self.now));
-            self.spawn();
+            match group {
+                None => self.spawn(None),
+                Some(g) => self.member_ended(g),
+            }
             return;
         }
         append_tokens(prog, p, n);
@@ -242,6 +294,23 @@ impl Simulation {
         if let Some(st) = self.core.on_request(p, now, &SimCtx(&self.programs)) {
             self.record_start(&st);
         }
+    }
+
+    /// A member of group `g` ended; the last one replaces the group.
+    fn member_ended(&mut self, g: u64) {
+        let Some(run) = self.groups.get_mut(&g) else {
+            return;
+        };
+        run.live = run.live.saturating_sub(1);
+        if run.live > 0 {
+            return;
+        }
+        let started = run.started;
+        self.groups.remove(&g);
+        if self.metrics.in_window(started) {
+            self.metrics.group_makespans.push(self.now - started);
+        }
+        self.spawn_group();
     }
 
     /// Counts a (re)start's prefix match against what an unlimited cache
@@ -339,6 +408,9 @@ impl Simulation {
             max_step_s: percentile(&m.latencies, 1.0),
             first_p50_s: percentile(&m.first_latencies, 0.5),
             first_max_s: percentile(&m.first_latencies, 1.0),
+            groups_completed: m.group_makespans.len() as u64,
+            group_makespan_p50_s: percentile(&m.group_makespans, 0.5),
+            group_makespan_max_s: percentile(&m.group_makespans, 1.0),
             programs_completed: m.programs_completed,
             engine_steps: m.engine_steps,
             mean_kv_usage: m.mean_usage(),
@@ -347,6 +419,13 @@ impl Simulation {
             wall_s,
         }
     }
+}
+
+/// Token streams of groups' shared tasks (programs use streams 1..).
+const GROUP_STREAMS: u64 = 1 << 40;
+
+fn group_rng(seed: u64, g: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed ^ (GROUP_STREAMS + g).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// Appends `n` fresh tokens of `p`'s own stream to its context.

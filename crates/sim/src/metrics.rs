@@ -12,6 +12,8 @@ pub(crate) struct Metrics {
     pub latencies: Vec<f64>,
     /// Latencies of programs' first requests (admission of a new program).
     pub first_latencies: Vec<f64>,
+    /// Spawn to last member's end of each rollout group started in the window.
+    pub group_makespans: Vec<f64>,
     pub programs_completed: u64,
     pub engine_steps: u64,
     pub sched_calls: u64,

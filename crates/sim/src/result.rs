@@ -36,6 +36,11 @@ pub struct RunResult {
     /// First requests of programs only (a new program's admission).
     pub first_p50_s: f64,
     pub first_max_s: f64,
+    /// Rollout groups (`--group-size` > 1) started in the window and done:
+    /// spawn to the last member's end (a group's reward needs every member).
+    pub groups_completed: u64,
+    pub group_makespan_p50_s: f64,
+    pub group_makespan_max_s: f64,
     pub programs_completed: u64,
     pub engine_steps: u64,
     pub mean_kv_usage: f64,

@@ -34,6 +34,10 @@ pub struct Workload {
     /// The agent stops when its next prompt would exceed this context (as
     /// SWE-agent's `exit_context` does at the model's window).
     pub max_context: usize,
+    /// Programs per rollout group (GRPO's n samples of one task): members
+    /// share the task prompt and are announced to the scheduler as a group;
+    /// a group is replaced when its last member ends. 1: no groups.
+    pub group_size: usize,
 }
 
 /// A tool of a mixed workload.
@@ -87,6 +91,7 @@ impl Workload {
                 hi: 30.0,
             },
             max_context: 32_768,
+            group_size: 1,
             tools: Vec::new(),
         }
     }
@@ -161,6 +166,7 @@ impl Workload {
                 hi: 600.0,
             },
             max_context: 32_768,
+            group_size: 1,
             tools: Vec::new(),
         }
     }

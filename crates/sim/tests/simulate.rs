@@ -124,3 +124,35 @@ fn work_conservation_raises_throughput_and_lowers_the_tail() {
         "{with:?} vs {without:?}"
     );
 }
+
+/// Rollout groups (GRPO, 4 samples of one task), KV invariants checked
+/// every step: groups run to the end and the members' shared task is served
+/// from the cache (the hit rate stays near the ideal one, which counts the
+/// shared task once).
+#[test]
+fn rollout_groups_complete_and_share_their_task() {
+    let mut cfg = config(PolicyKind::Program, 16);
+    cfg.workload.group_size = 4;
+    cfg.workload.steps = (3, 6);
+    cfg.duration_s = 600.0;
+    cfg.check_invariants = true;
+    let r = run(&cfg).expect("runs with groups");
+    assert!(r.groups_completed >= 4, "{r:?}");
+    assert!(r.group_makespan_p50_s > 0.0, "{r:?}");
+    assert!(r.group_makespan_max_s >= r.group_makespan_p50_s, "{r:?}");
+    assert!(
+        r.prefix_hit_rate >= 0.9 * r.ideal_hit_rate,
+        "hit {} vs ideal {}",
+        r.prefix_hit_rate,
+        r.ideal_hit_rate
+    );
+    eprintln!(
+        "groups: {} done, makespan p50 {:.1}s max {:.1}s, hit {:.3} / ideal {:.3}, {:.1} steps/min",
+        r.groups_completed,
+        r.group_makespan_p50_s,
+        r.group_makespan_max_s,
+        r.prefix_hit_rate,
+        r.ideal_hit_rate,
+        r.steps_per_min
+    );
+}
