@@ -27,9 +27,6 @@ where
     F: FnOnce() -> Result<T, ApiError> + Send + 'static,
     T: Send + 'static,
 {
-    if std::env::var_os("AGENTD_TMP_INLINE").is_some() {
-        return f();
-    }
     let permit = slots()
         .acquire_owned()
         .await

@@ -24,7 +24,12 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let req: ResponsesRequest = parse_json(&body)?;
     let (stream, background) = (req.common.stream, req.background);
-    let prepared = prepare(&state, &headers, req)?;
+    // Rendering the conversation and tokenizing it is CPU work: on the
+    // blocking pool, in the caller's tenant scope (as chat completions).
+    let prepared = {
+        let (state, caller) = (state.clone(), Caller::current());
+        crate::offload::run(move || caller.scope_sync(|| prepare(&state, &headers, req))).await?
+    };
     if background {
         let object = prepared.object.clone();
         tokio::spawn(drive(state, prepared, |_| true));
