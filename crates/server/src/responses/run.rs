@@ -42,6 +42,10 @@ pub struct Prepared {
     /// The tenant that created it ([`drive`] may run on a task of its own,
     /// outside the request's caller scope).
     owner: Caller,
+    /// Fires on cancel. Registered before the create call returns, so a
+    /// cancel that arrives before a background response's task first runs
+    /// is not lost.
+    cancel: Arc<Notify>,
 }
 
 /// Builds the prompt of `req` and submits it.
@@ -116,6 +120,7 @@ pub fn prepare(
         Arc::new(history.clone()),
         Arc::default(),
     );
+    let cancel = state.responses.start(&object.id, owner);
     Ok(Prepared {
         object,
         history,
@@ -123,6 +128,7 @@ pub fn prepare(
         choice,
         prompt: tokens,
         owner,
+        cancel,
     })
 }
 
@@ -256,11 +262,11 @@ pub async fn drive(
         choice,
         prompt,
         owner,
+        cancel,
     } = p;
     let history = Arc::new(history);
     object.status = Status::InProgress;
     keep(&state, owner, &object, history.clone(), Arc::default());
-    let cancel = state.responses.start(&object.id, owner);
     let created = json!({"type": "response.created", "response": &object});
     let in_progress = json!({"type": "response.in_progress", "response": &object});
     let mut gen = choice.gen;
