@@ -46,6 +46,8 @@ pub struct Prepared {
     /// cancel that arrives before a background response's task first runs
     /// is not lost.
     cancel: Arc<Notify>,
+    /// Feeds the turn's first tool call to the per-tool statistics.
+    tool_note: Option<choices::ToolNote>,
 }
 
 /// Builds the prompt of `req` and submits it.
@@ -121,6 +123,7 @@ pub fn prepare(
         Arc::default(),
     );
     let cancel = state.responses.start(&object.id, owner);
+    let tool_note = choices::ToolNote::new(state, &program_ref);
     Ok(Prepared {
         object,
         history,
@@ -129,6 +132,7 @@ pub fn prepare(
         prompt: tokens,
         owner,
         cancel,
+        tool_note,
     })
 }
 
@@ -263,6 +267,7 @@ pub async fn drive(
         prompt,
         owner,
         cancel,
+        tool_note,
     } = p;
     let history = Arc::new(history);
     object.status = Status::InProgress;
@@ -331,6 +336,12 @@ pub async fn drive(
             "response.cancelled"
         }
     };
+    if matches!(object.status, Status::Completed | Status::Incomplete) {
+        let first = message.tool_calls.as_ref().and_then(|c| c.first());
+        if let (Some(note), Some(call)) = (&tool_note, first) {
+            note.note(&call.function.name);
+        }
+    }
     let mut full = (*history).clone();
     full.push(message);
     // Only a clean finish leaves the program's KV holding exactly these
