@@ -1,15 +1,12 @@
 //! Issue 12's rules past the knee, on the real `ProgramScheduler` over real
 //! `KvCache`s (block size 4): groups admitted whole, the waiting bound, and
-//! per-tool pause order.
+//! per-tool pause order, and DESIGN §4 rule 7 (no program starves: aging, the
+//! bypass bound).
 
 mod common;
 
 use agentd_scheduler::{GroupId, Policy, SchedulerConfig, ToolId, TOOL_MIN_SAMPLES};
-use common::{config, pid, system_prompt, Engine, BS};
-
-fn ids(v: &[agentd_scheduler::ProgramId]) -> Vec<u64> {
-    v.iter().map(|p| p.0).collect()
-}
+use common::{config, ids, pid, system_prompt, Engine, BS};
 
 /// Members `first..first + n` of group 7 (announced size `n`): an 8-block
 /// shared prompt and 2 blocks of their own each.
@@ -168,4 +165,88 @@ fn named_tools_order_pauses_by_expected_remaining_time() {
     assert_eq!(ids(&d.pause), vec![2], "{d:?}");
     assert_eq!(d.admit, vec![(pid(3), 0)]);
     eng.check_kv();
+}
+
+// ---------------------------------------------------------------- rule 7
+
+/// One large program (60 blocks) against a stream of small ones (5 blocks,
+/// two arrivals per 0.1 s step, each running 4 steps). Returns the step at
+/// which the large one was admitted, if within `bound` steps of its arrival,
+/// and how many small programs were admitted meanwhile.
+fn large_program_under_stream(aging: f64, max_bypass: u64, bound: usize) -> (Option<usize>, u64) {
+    let cfg = SchedulerConfig {
+        aging_tokens_per_s: aging,
+        max_bypass,
+        ..config(0.9, 1.0)
+    };
+    let mut eng = Engine::program(cfg, 1, 100);
+    let large = pid(1);
+    let mut next = 100;
+    let mut started: Vec<(usize, agentd_scheduler::ProgramId)> = Vec::new();
+    let warmup = 5;
+    for k in 0..warmup + bound {
+        eng.now = k as f64 * 0.1;
+        for _ in 0..2 {
+            eng.request(pid(next), 5 * BS);
+            next += 1;
+        }
+        if k == warmup {
+            eng.request(large, 60 * BS);
+        }
+        let d = eng.step(0);
+        assert!(d.pause.is_empty(), "{d:?}");
+        for &(p, _) in &d.admit {
+            if p == large {
+                return (Some(k - warmup), eng.policy.stats().admissions);
+            }
+            started.push((k, p));
+        }
+        // Small programs that ran 4 steps finish and end.
+        let (done, rest): (Vec<_>, Vec<_>) = started.into_iter().partition(|&(s, _)| k >= s + 3);
+        started = rest;
+        for (_, p) in done {
+            eng.finish(p);
+            eng.terminate(p);
+        }
+        eng.check_kv();
+    }
+    (None, eng.policy.stats().admissions)
+}
+
+/// With aging a large program overtakes later small arrivals and is admitted
+/// within a bounded number of steps; without aging (and with the bypass
+/// bound lifted) it starves for as long.
+#[test]
+fn aging_prevents_starvation() {
+    const BOUND: usize = 40;
+    // 256 tokens/s: after (240 − 20)/256 s ≈ 9 steps new small programs queue
+    // behind the large one, then the running ones drain.
+    let (with, _) = large_program_under_stream(256.0, u64::MAX, BOUND);
+    let k = with.expect("admitted with aging");
+    assert!((9..=15).contains(&k), "admitted after {k} steps");
+
+    let (without, small_admitted) = large_program_under_stream(0.0, u64::MAX, BOUND);
+    assert_eq!(without, None, "starves without aging");
+    // …while the small programs kept flowing (this is starvation, not a stall).
+    assert!(small_admitted >= 2 * BOUND as u64, "{small_admitted}");
+}
+
+/// The bypass bound alone (no aging): once `max_bypass` later arrivals have
+/// been admitted ahead of the large program it is overdue, nothing new is
+/// admitted past it, and it starts as soon as the running programs drain —
+/// an adversarial stream of small arrivals cannot starve it.
+#[test]
+fn bounded_bypass_prevents_starvation_without_aging() {
+    const BOUND: usize = 40;
+    for k_max in [4u64, 16] {
+        let (admitted, _) = large_program_under_stream(0.0, k_max, BOUND);
+        let k = admitted.expect("admitted under the bypass bound");
+        // Two arrivals a step: the bound is reached after k_max / 2 steps,
+        // then the running small programs (4 steps each) drain.
+        let limit = k_max as usize / 2 + 5;
+        assert!(
+            k <= limit,
+            "K = {k_max}: admitted after {k} steps > {limit}"
+        );
+    }
 }

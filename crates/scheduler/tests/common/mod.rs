@@ -279,3 +279,40 @@ impl<P: Policy> Engine<P> {
         }
     }
 }
+
+// Shared by the rule tests (rules.rs, fairness.rs, replicas.rs).
+
+pub const EPS: f64 = 1e-9;
+
+pub fn assert_close(got: f64, want: f64) {
+    assert!((got - want).abs() < EPS, "got {got}, want {want}");
+}
+
+/// Requests `(id, blocks)` programs (contexts of exactly `blocks` full blocks),
+/// runs one step of `r` and checks that all of them were admitted there.
+pub fn admit_all(eng: &mut Engine<ProgramScheduler>, r: usize, progs: &[(u64, usize)]) {
+    for &(p, blocks) in progs {
+        eng.request(pid(p), blocks * BS);
+    }
+    let d = eng.step(r);
+    assert!(d.pause.is_empty(), "{d:?}");
+    let mut got: Vec<u64> = d.admit.iter().map(|&(p, _)| p.0).collect();
+    got.sort();
+    let mut want: Vec<u64> = progs.iter().map(|&(p, _)| p).collect();
+    want.sort();
+    assert_eq!(got, want, "{d:?}");
+    for &(p, blocks) in progs {
+        assert_eq!(
+            eng.kv[eng.home(pid(p)).expect("admitted")].blocks_held(pid(p)),
+            blocks
+        );
+    }
+}
+
+pub fn ids(v: &[agentd_scheduler::ProgramId]) -> Vec<u64> {
+    v.iter().map(|p| p.0).collect()
+}
+
+pub fn info(eng: &Engine<ProgramScheduler>, p: u64) -> agentd_scheduler::ProgramInfo {
+    eng.policy.program(pid(p)).expect("tracked program")
+}
