@@ -23,24 +23,7 @@ fn start_one_worker(cfg: EngineConfig) -> SocketAddr {
     let engine = Engine::start(model_dir(), cfg).expect("engine");
     let state =
         Arc::new(AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state"));
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr")).expect("addr");
-            agentd_server::serve(listener, state, std::future::pending())
-                .await
-                .expect("serve");
-        });
-    });
-    rx.recv_timeout(Duration::from_secs(60)).expect("server up")
+    common::spawn_server_on(1, state, std::future::pending()).0
 }
 
 /// Holds the engine lock on demand: a KV-event sink runs under the engine

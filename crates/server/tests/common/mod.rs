@@ -58,10 +58,19 @@ fn spawn_server(
     state: Arc<AppState>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    spawn_server_on(2, state, stop)
+}
+
+/// [`spawn_server`] on a runtime of `worker_threads` threads.
+pub fn spawn_server_on(
+    worker_threads: usize,
+    state: Arc<AppState>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<()>) {
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(worker_threads)
             .enable_all()
             .build()
             .expect("runtime");
