@@ -42,12 +42,11 @@ pub struct GroupTag {
     pub size: Option<usize>,
 }
 
-/// A stable 64-bit hash of a name (FNV-1a): group and tool names become the
+/// A stable 64-bit hash of a name (xxh3, the project's string hash, as for
+/// block contents and cache salts): group and tool names become the
 /// scheduler's ids without the scheduler ever seeing strings.
 pub(crate) fn name_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    xxhash_rust::xxh3::xxh3_64(s.as_bytes())
 }
 
 /// Why a request stopped: the sampler's own enum (one finish reason from
