@@ -62,12 +62,7 @@ fn group_and_tool(c: &CommonParams) -> Result<GroupAndTool, ApiError> {
         .clone()
         .or_else(|| extra.and_then(|e| e.tool_name.clone()));
     if let Some(g) = &group {
-        if g.is_empty() || g.len() > MAX_ID_LEN {
-            return Err(ApiError::invalid(
-                "group_id",
-                format!("group_id must be 1 to {MAX_ID_LEN} bytes long"),
-            ));
-        }
+        check_len("group_id", g)?;
     }
     let size = match size {
         None => None,
@@ -86,22 +81,23 @@ fn group_and_tool(c: &CommonParams) -> Result<GroupAndTool, ApiError> {
         }
     };
     if let Some(t) = &tool {
-        if t.is_empty() || t.len() > MAX_ID_LEN {
-            return Err(ApiError::invalid(
-                "tool_name",
-                format!("tool_name must be 1 to {MAX_ID_LEN} bytes long"),
-            ));
-        }
+        check_len("tool_name", t)?;
     }
     Ok((group, size, tool))
 }
 
 /// A program id from a URL or a body: 1 to [`MAX_ID_LEN`] bytes.
 pub fn check(id: &str) -> Result<(), ApiError> {
-    if id.is_empty() || id.len() > MAX_ID_LEN {
+    check_len("program_id", id)
+}
+
+/// An id-like field (`program_id`, `group_id`, `tool_name`): 1 to
+/// [`MAX_ID_LEN`] bytes.
+fn check_len(field: &'static str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty() || v.len() > MAX_ID_LEN {
         return Err(ApiError::invalid(
-            "program_id",
-            format!("program_id must be 1 to {MAX_ID_LEN} bytes long"),
+            field,
+            format!("{field} must be 1 to {MAX_ID_LEN} bytes long"),
         ));
     }
     Ok(())
