@@ -174,11 +174,9 @@ impl KvCache {
         let mut shared_blocks = 0;
         if !tail_ok {
             for &h in &want[keep..] {
-                let Some(b) = self.pool.lookup(h) else { break };
-                let ex = self.pool.acquire(b, p);
-                self.note_acquire(p, &mut kv, ex);
-                kv.blocks.push(b);
-                kv.hashes.push(h);
+                if !self.take_cached(p, &mut kv, h) {
+                    break;
+                }
                 shared_blocks += 1;
             }
         }
@@ -225,11 +223,9 @@ impl KvCache {
         // a program that finds nothing (a long prompt mid-prefill).
         for block in tokens[from * bs..limit / bs * bs].chunks_exact(bs) {
             let h = hash_block(kv.hashes.last().copied(), block, kv.salt);
-            let Some(b) = self.pool.lookup(h) else { break };
-            let ex = self.pool.acquire(b, p);
-            self.note_acquire(p, &mut kv, ex);
-            kv.blocks.push(b);
-            kv.hashes.push(h);
+            if !self.take_cached(p, &mut kv, h) {
+                break;
+            }
             gained += bs;
         }
         kv.num_computed += gained;
@@ -432,6 +428,19 @@ impl KvCache {
         }
         kv.num_computed = kv.num_computed.min(keep * self.block_size);
         kv.num_slots = kv.num_slots.min(keep * self.block_size);
+    }
+
+    /// Appends the cached block of hash `h` to `p`'s table (`kv`), with a
+    /// reference of `p`; false when nothing holds `h`.
+    fn take_cached(&mut self, p: ProgramId, kv: &mut ProgramKv, h: BlockHash) -> bool {
+        let Some(b) = self.pool.lookup(h) else {
+            return false;
+        };
+        let ex = self.pool.acquire(b, p);
+        self.note_acquire(p, kv, ex);
+        kv.blocks.push(b);
+        kv.hashes.push(h);
+        true
     }
 
     fn note_acquire(&mut self, _p: ProgramId, kv: &mut ProgramKv, ex: Exclusivity) {
