@@ -15,6 +15,9 @@ difference of the two histograms:
       build for /metrics or /programs included.
   agentd:engine_lock_idle_hold_seconds  idle re-plans (a worker with nothing
       to run re-checking leases every 50 ms, or woken for nothing).
+  agentd:step_forward_seconds           each step's model forward.
+  agentd:step_sampling_seconds          each step's sampling (steps with
+      logits rows); its sum over forward + sampling is sampling's share.
 
 p50/p99 are interpolated inside the bucket as Prometheus'
 histogram_quantile does; `<= le` is the bucket's upper bound (what the
@@ -28,7 +31,8 @@ import sys
 import time
 import urllib.request
 
-NAMES = ("agentd:engine_lock_hold_seconds", "agentd:engine_lock_idle_hold_seconds")
+NAMES = ("agentd:engine_lock_hold_seconds", "agentd:engine_lock_idle_hold_seconds",
+         "agentd:step_forward_seconds", "agentd:step_sampling_seconds")
 LINE = re.compile(r'^(?P<name>[^{\s]+)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$')
 
 
@@ -114,6 +118,10 @@ def main():
         print(f"{n}: {h['count']:.0f} sections ({h['count'] / wall:.0f}/s), "
               f"mean {us(h['sum'] / h['count'])}, p50 {us(p50)} (<= {us(b50)}), "
               f"p99 {us(p99)} (<= {us(b99)}), held {h['sum'] / wall * 100:.2f}% of the time")
+    f = delta(before[NAMES[2]], after[NAMES[2]])
+    s = delta(before[NAMES[3]], after[NAMES[3]])
+    if f["sum"] + s["sum"] > 0:
+        print(f"sampling: {s['sum'] / (f['sum'] + s['sum']) * 100:.1f}% of forward + sampling time")
     sys.exit(rc)
 
 

@@ -53,30 +53,33 @@ pub struct DeviceLogits {
 impl GpuQwen3 {
     /// One step: writes the new tokens' K/V through the slot mapping and
     /// returns f32 logits `[batch.logits_indices.len() * vocab]`, row-major.
+    /// The logits come back through a pinned buffer, copied once into the
+    /// returned vector (what the engine's sampler reads in place).
     pub fn forward(&self, batch: &BatchInput, cache: &mut GpuKvCache) -> Result<Vec<f32>> {
-        Ok(self.forward_rows(batch, cache)?.concat())
+        let Some(l) = self.forward_device(batch, cache)? else {
+            self.gpu.synchronize()?;
+            return Ok(Vec::new());
+        };
+        let mut pinned = self
+            .pinned
+            .lock()
+            .map_err(|_| CudaError::Unsupported("pinned buffer lock poisoned".into()))?;
+        self.gpu
+            .download_pinned(&l.logits, &mut pinned, <[f32]>::to_vec)
     }
 
-    /// [`Self::forward`] as one row of `vocab` logits per logits index: what
-    /// the engine's sampler takes. The logits come back through a pinned
-    /// buffer, copied once into the rows.
+    /// [`Self::forward`] as one row of `vocab` logits per logits index.
     pub fn forward_rows(
         &self,
         batch: &BatchInput,
         cache: &mut GpuKvCache,
     ) -> Result<Vec<Vec<f32>>> {
-        let Some(l) = self.forward_device(batch, cache)? else {
-            self.gpu.synchronize()?;
-            return Ok(Vec::new());
-        };
-        let vocab = self.cfg.vocab_size;
-        let mut pinned = self
-            .pinned
-            .lock()
-            .map_err(|_| CudaError::Unsupported("pinned buffer lock poisoned".into()))?;
-        self.gpu.download_pinned(&l.logits, &mut pinned, |v| {
-            v.chunks(vocab).map(<[f32]>::to_vec).collect()
-        })
+        let vocab = self.cfg.vocab_size.max(1);
+        Ok(self
+            .forward(batch, cache)?
+            .chunks(vocab)
+            .map(<[f32]>::to_vec)
+            .collect())
     }
 
     /// [`Self::forward`] without the download: the work is queued on the

@@ -6,6 +6,8 @@
 //!
 //! - [`plan`]: host-side launch planning (split-K partitions, prefill tiles,
 //!   RoPE tables, shape limits). Pure, always built, tested in CI.
+//! - [`stage`]: weight matrices read from the mapped checkpoint in the
+//!   device dtype (bf16 stays bf16: no f32 stage). Always built, tested in CI.
 //! - `device` (feature `cuda`): context, stream, embedded kernels, cuBLAS.
 //! - `ops` (feature `cuda`): one typed wrapper per kernel.
 //! - `model`, `forward` (feature `cuda`): [`GpuQwen3`] and [`GpuKvCache`].
@@ -17,6 +19,7 @@
 
 pub mod error;
 pub mod plan;
+pub mod stage;
 
 #[cfg(feature = "cuda")]
 mod device;

@@ -18,6 +18,7 @@ use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::forward::Workspace;
 use crate::plan::{rope_table, AttnShape, Dtype};
+use crate::stage;
 
 pub(crate) struct Layer {
     pub(crate) qkv: Buf<u16>,
@@ -107,7 +108,8 @@ fn check_config(cfg: &Qwen3Config) -> Result<()> {
 }
 
 impl GpuQwen3 {
-    /// Uploads a checkpoint loaded by the CPU loader, rounding to `dtype`.
+    /// Uploads a checkpoint mapped by the CPU loader: matrices in `dtype`
+    /// straight from the file ([`stage`]), norms in f32.
     pub fn from_weights(
         gpu: Arc<Gpu>,
         cfg: Qwen3Config,
@@ -124,21 +126,35 @@ impl GpuQwen3 {
         let host = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             Ok(to_f32_vec(&w.get(name, shape)?)?)
         };
-        let half = |v: Vec<f32>| gpu.upload(&dtype.encode_all(&v));
+        // Matrices go from the mapped file to the device in `dtype` (bf16
+        // checkpoints bit for bit, no f32 stage); fused ones are appended.
+        let mat = |names: &[(&str, usize, usize)]| -> Result<Buf<u16>> {
+            let mut bits = Vec::new();
+            for &(name, rows, cols) in names {
+                stage::append_matrix(w, name, &[rows, cols], dtype, &mut bits)?;
+            }
+            gpu.upload(&bits)
+        };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
-            let mut qkv = host(&format!("{a}.q_proj.weight"), &[h * d, hid])?;
-            qkv.extend(host(&format!("{a}.k_proj.weight"), &[kv * d, hid])?);
-            qkv.extend(host(&format!("{a}.v_proj.weight"), &[kv * d, hid])?);
-            let mut gate_up = host(&format!("{p}.mlp.gate_proj.weight"), &[inter, hid])?;
-            gate_up.extend(host(&format!("{p}.mlp.up_proj.weight"), &[inter, hid])?);
+            let (q, k, v) = (
+                format!("{a}.q_proj.weight"),
+                format!("{a}.k_proj.weight"),
+                format!("{a}.v_proj.weight"),
+            );
+            let (gate, up, down, o) = (
+                format!("{p}.mlp.gate_proj.weight"),
+                format!("{p}.mlp.up_proj.weight"),
+                format!("{p}.mlp.down_proj.weight"),
+                format!("{a}.o_proj.weight"),
+            );
             layers.push(Layer {
-                qkv: half(qkv)?,
-                o: half(host(&format!("{a}.o_proj.weight"), &[hid, h * d])?)?,
-                gate_up: half(gate_up)?,
-                down: half(host(&format!("{p}.mlp.down_proj.weight"), &[hid, inter])?)?,
+                qkv: mat(&[(&q, h * d, hid), (&k, kv * d, hid), (&v, kv * d, hid)])?,
+                o: mat(&[(&o, hid, h * d)])?,
+                gate_up: mat(&[(&gate, inter, hid), (&up, inter, hid)])?,
+                down: mat(&[(&down, hid, inter)])?,
                 input_norm: gpu.upload(&host(&format!("{p}.input_layernorm.weight"), &[hid])?)?,
                 post_norm: gpu.upload(&host(
                     &format!("{p}.post_attention_layernorm.weight"),
@@ -148,11 +164,11 @@ impl GpuQwen3 {
                 k_norm: gpu.upload(&host(&format!("{a}.k_norm.weight"), &[d])?)?,
             });
         }
-        let embed = half(host("model.embed_tokens.weight", &[vocab, hid])?)?;
+        let embed = mat(&[("model.embed_tokens.weight", vocab, hid)])?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(half(host("lm_head.weight", &[vocab, hid])?)?)
+            Some(mat(&[("lm_head.weight", vocab, hid)])?)
         };
         let norm = gpu.upload(&host("model.norm.weight", &[hid])?)?;
         Self::assemble(gpu, cfg, dtype, embed, lm_head, norm, layers)

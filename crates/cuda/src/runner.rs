@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use agentd_models::{BatchInput, ModelError, StepRunner};
+use agentd_models::{BatchInput, Logits, ModelError, StepRunner};
 
 use crate::error::CudaError;
 use crate::model::{GpuKvCache, GpuQwen3};
@@ -37,10 +37,15 @@ fn to_model_error(e: CudaError) -> ModelError {
 }
 
 impl StepRunner for GpuRunner {
-    fn step(&mut self, batch: &BatchInput) -> agentd_models::Result<Vec<Vec<f32>>> {
-        self.model
-            .forward_rows(batch, &mut self.cache)
-            .map_err(to_model_error)
+    fn step(&mut self, batch: &BatchInput) -> agentd_models::Result<Logits> {
+        let flat = self
+            .model
+            .forward(batch, &mut self.cache)
+            .map_err(to_model_error)?;
+        if flat.is_empty() {
+            return Ok(Logits::empty());
+        }
+        Logits::from_flat(flat, self.model.config().vocab_size)
     }
 
     fn block_size(&self) -> usize {

@@ -18,6 +18,7 @@ use tracing::error;
 
 use crate::inbox::{Released, Submitted};
 use crate::metrics::Counters;
+use crate::outbox::Outbox;
 use crate::{EndReason, EngineConfig, Event, FinishReason, ProgramEnded, Usage};
 
 /// State a request shares with its caller's [`crate::RequestStream`].
@@ -157,6 +158,8 @@ pub(crate) struct Core {
     /// Subscribers to program terminations. Unbounded so that announcing
     /// never blocks a worker under the lock and no end is ever dropped.
     pub ended_subscribers: Vec<UnboundedSender<ProgramEnded>>,
+    /// Events for callers' streams, sent once the lock is released.
+    pub outbox: Outbox,
     pub(crate) next_program: u64,
     next_request: u64,
 }
@@ -180,6 +183,7 @@ impl Core {
             started: Instant::now(),
             shutdown: false,
             ended_subscribers: Vec::new(),
+            outbox: Outbox::default(),
             next_program: 1,
             next_request: 1,
             cfg,
@@ -216,13 +220,16 @@ impl Core {
         if sub.released != Released::No {
             // Released before any worker saw it: what a release right after
             // it reached the engine would have done.
-            let _ = sub.tx.send(Event::Finished {
-                reason: FinishReason::Cancelled,
-                usage: Usage {
-                    prompt_tokens: sub.prompt.len(),
-                    ..Usage::default()
+            self.outbox.push(
+                &sub.tx,
+                Event::Finished {
+                    reason: FinishReason::Cancelled,
+                    usage: Usage {
+                        prompt_tokens: sub.prompt.len(),
+                        ..Usage::default()
+                    },
                 },
-            });
+            );
             if let (Released::CancelAndAnnounce, Some(name)) = (sub.released, sub.program) {
                 self.announce_end(ProgramEnded {
                     id: name,
@@ -408,10 +415,25 @@ impl Core {
         }
     }
 
-    /// Step bookkeeping after the forward and sampling: commit the computed
-    /// tokens, give the samplers back, stream, finish.
+    /// Step bookkeeping after the forward and sampling, in one go:
+    /// [`Core::commit_seqs`] then [`Core::end_step`].
+    #[cfg(test)]
     pub fn commit(&mut self, r: usize, plan: Vec<SeqPlan>, sampled: Vec<Option<Sampled>>) {
-        for (s, out) in plan.into_iter().zip(sampled) {
+        self.commit_seqs(r, plan.into_iter().zip(sampled));
+        self.end_step(r);
+    }
+
+    /// Commits some of replica `r`'s planned sequences: their computed
+    /// tokens, the samplers given back, tokens streamed, requests finished.
+    /// A step's sequences may be committed over several lock sections (the
+    /// worker does, [`crate::worker`]); each sequence's commit is whole, and
+    /// the step's programs stay in flight until [`Core::end_step`].
+    pub fn commit_seqs(
+        &mut self,
+        r: usize,
+        seqs: impl IntoIterator<Item = (SeqPlan, Option<Sampled>)>,
+    ) {
+        for (s, out) in seqs {
             let p = s.program;
             let committed = self.replicas.commit(r, p, &s.new_tokens);
             let Some(req) = self.programs.get_mut(&p).and_then(|q| q.current.as_mut()) else {
@@ -446,17 +468,28 @@ impl Core {
                     .ttft_s
                     .observe((now - req.arrived).as_secs_f64());
             }
-            let sent = req.tx.send(Event::Token(crate::TokenEvent {
-                token_id: output.token_id,
-                logprob: output.logprob,
-                top: output.top,
-            }));
-            match (out.finish, sent) {
-                (_, Err(_)) => self.finish(p, FinishReason::Cancelled),
-                (Some(f), Ok(())) => self.finish(p, f),
-                (None, Ok(())) => {}
+            if req.tx.is_closed() {
+                // The caller went away: nobody reads the token.
+                self.finish(p, FinishReason::Cancelled);
+                continue;
+            }
+            self.outbox.push(
+                &req.tx,
+                Event::Token(crate::TokenEvent {
+                    token_id: output.token_id,
+                    logprob: output.logprob,
+                    top: output.top,
+                }),
+            );
+            if let Some(f) = out.finish {
+                self.finish(p, f);
             }
         }
+    }
+
+    /// The end of replica `r`'s step: its programs leave the forward, and
+    /// releases that waited for it are carried out.
+    pub fn end_step(&mut self, r: usize) {
         self.in_flight[r].clear();
         let pending: Vec<ProgramId> = self
             .programs
@@ -533,6 +566,7 @@ mod tests {
         // The fault: the sequence loses its KV between plan and commit.
         core.replicas.pause_on(p, 0);
         core.commit(0, step.seqs, vec![None]);
+        core.outbox.take().deliver();
         match rx.try_recv() {
             Ok(Event::Finished { reason, usage }) => {
                 assert_eq!(reason, FinishReason::Error);

@@ -18,6 +18,10 @@ use crate::inbox::{Inbox, Released, Submitted};
 use crate::worker::{self, Shared, Wake};
 use crate::{EngineConfig, EngineError, Event, GenerateRequest, ProgramEnded};
 
+/// Output tokens a request's context has room for from its submission
+/// (more grow it the usual way): 32 KiB per request at most.
+const RESERVED_OUTPUT_TOKENS: usize = 8192;
+
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -221,12 +225,19 @@ impl Engine {
         let (shared, limit) = (&self.inner.shared, self.inner.max_waiting);
         shared.inbox.check(limit)?;
         self.validate(&req)?;
+        let room = req.sampling.max_tokens.min(RESERVED_OUTPUT_TOKENS);
         let sampler = SequenceSampler::new(req.sampling, &req.prompt)?;
+        let mut prompt = req.prompt;
+        // Room for the tokens it may generate, made here rather than by a
+        // reallocation of the whole context under the engine lock when the
+        // first token is committed (validated: prompt + max_tokens fits the
+        // window).
+        prompt.reserve_exact(room);
         let (tx, rx) = mpsc::unbounded_channel();
         let signals = Arc::new(Signals::default());
         let sub = Submitted {
             program: req.program,
-            prompt: req.prompt,
+            prompt,
             sampler,
             final_request: req.final_request,
             parent_program: req.parent_program,

@@ -23,6 +23,7 @@ mod inbox;
 mod kv_events;
 mod lifecycle;
 mod metrics;
+mod outbox;
 mod worker;
 
 pub use api::{

@@ -56,10 +56,13 @@ impl Core {
         };
         if let Some(req) = prog.current.take() {
             let usage = usage_of(&req);
-            let _ = req.tx.send(Event::Finished {
-                reason: FinishReason::Cancelled,
-                usage,
-            });
+            self.outbox.push(
+                &req.tx,
+                Event::Finished {
+                    reason: FinishReason::Cancelled,
+                    usage,
+                },
+            );
         }
         self.replicas.terminate(p);
         if let Some(name) = &prog.name {
@@ -119,7 +122,7 @@ impl Core {
             parent.steps += 1;
         }
         let usage = usage_of(&req);
-        let _ = req.tx.send(Event::Finished { reason, usage });
+        self.outbox.push(&req.tx, Event::Finished { reason, usage });
         self.counters.requests_finished += 1;
         self.counters
             .e2e_s

@@ -27,6 +27,20 @@ impl Histogram {
         }
     }
 
+    /// Buckets for the phases of a step (the model forward, sampling),
+    /// 100 µs to 10 s.
+    pub fn step_phase() -> Self {
+        let bounds = [
+            1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5,
+            10.0,
+        ];
+        Self {
+            buckets: bounds.iter().map(|&b| (b, 0)).collect(),
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
     /// Buckets for how long the engine lock is held, 5 µs to 1 s: the lock
     /// guards bookkeeping only, so its p99 should sit in the first buckets.
     pub fn lock_hold() -> Self {
@@ -90,6 +104,10 @@ pub struct MetricsSnapshot {
     /// leases and decay every 50 ms (or woken for nothing). Kept apart so
     /// they do not dilute `lock_hold_s`'s quantiles with near-empty sections.
     pub lock_idle_hold_s: Histogram,
+    /// Each step's model forward (the runner's `step`, logits included).
+    pub forward_s: Histogram,
+    /// Each step's sampling of its logits rows (steps with rows only).
+    pub sample_s: Histogram,
     /// Tokens planned into steps, and the token budget those steps had
     /// (their ratio is the batch fill).
     pub batch_tokens: u64,
@@ -115,6 +133,8 @@ pub(crate) struct Counters {
     pub queue_wait_s: Histogram,
     pub lock_hold_s: Histogram,
     pub lock_idle_hold_s: Histogram,
+    pub forward_s: Histogram,
+    pub sample_s: Histogram,
     pub batch_tokens: u64,
     pub batch_budget: u64,
 }
@@ -130,6 +150,8 @@ impl Default for Counters {
             queue_wait_s: Histogram::latency(),
             lock_hold_s: Histogram::lock_hold(),
             lock_idle_hold_s: Histogram::lock_hold(),
+            forward_s: Histogram::step_phase(),
+            sample_s: Histogram::step_phase(),
             batch_tokens: 0,
             batch_budget: 0,
         }
@@ -156,6 +178,8 @@ impl Default for MetricsSnapshot {
             queue_wait_s: c.queue_wait_s,
             lock_hold_s: c.lock_hold_s,
             lock_idle_hold_s: c.lock_idle_hold_s,
+            forward_s: c.forward_s,
+            sample_s: c.sample_s,
             batch_tokens: 0,
             batch_budget: 0,
             exhaustion_preemptions: 0,
@@ -209,6 +233,8 @@ impl Core {
             queue_wait_s: c.queue_wait_s.clone(),
             lock_hold_s: c.lock_hold_s.clone(),
             lock_idle_hold_s: c.lock_idle_hold_s.clone(),
+            forward_s: c.forward_s.clone(),
+            sample_s: c.sample_s.clone(),
             batch_tokens: c.batch_tokens,
             batch_budget: c.batch_budget,
             exhaustion_preemptions: self.replicas.stats().exhaustion_preemptions,

@@ -214,7 +214,30 @@ impl Weights {
         self.load(name, shape, LoadDtype::Cast(WeightDtype::F32))
     }
 
-    fn load(&self, name: &str, shape: &[usize], dtype: LoadDtype) -> Result<Tensor> {
+    /// Lends `name`'s bytes as stored in the mapped file (little-endian
+    /// elements of the returned dtype), after the same checks as
+    /// [`Weights::get`]: what a device backend uploads without an f32 stage.
+    /// The pages are dropped from the resident set once `f` returns.
+    pub fn with_raw<R>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        f: impl FnOnce(WeightDtype, &[u8]) -> R,
+    ) -> Result<R> {
+        let (view, stored, _) = self.view(name, shape)?;
+        let out = f(stored, view.data());
+        release_pages(view.data());
+        self.note_loaded(name, view.data().len());
+        Ok(out)
+    }
+
+    /// The mapped tensor `name`, checked to exist with `shape` in a dtype
+    /// the runtime reads; its stored dtype and file.
+    fn view(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(safetensors::tensor::TensorView<'_>, WeightDtype, &PathBuf)> {
         let file = self
             .file_of
             .get(name)
@@ -252,6 +275,18 @@ impl Weights {
                 })
             }
         };
+        Ok((view, stored, file))
+    }
+
+    fn note_loaded(&self, name: &str, bytes: usize) {
+        if let Ok(mut l) = self.loaded.lock() {
+            l.bytes += bytes;
+            l.names.insert(name.to_owned());
+        }
+    }
+
+    fn load(&self, name: &str, shape: &[usize], dtype: LoadDtype) -> Result<Tensor> {
+        let (view, stored, file) = self.view(name, shape)?;
         let t = view.load(&self.device).map_err(|e| ModelError::Weights {
             path: file.clone(),
             reason: format!("tensor `{name}`: {e}"),
@@ -263,10 +298,7 @@ impl Weights {
         } else {
             t.to_dtype(want)?
         };
-        if let Ok(mut l) = self.loaded.lock() {
-            l.bytes += t.elem_count() * want.size_in_bytes();
-            l.names.insert(name.to_owned());
-        }
+        self.note_loaded(name, t.elem_count() * want.size_in_bytes());
         Ok(t.contiguous()?)
     }
 }

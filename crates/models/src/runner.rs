@@ -4,18 +4,17 @@
 
 use std::sync::Arc;
 
-use candle_core::DType;
-
 use crate::attention::PagedKvCache;
 use crate::batch::BatchInput;
 use crate::error::{ModelError, Result};
+use crate::logits::Logits;
 use crate::model::Model;
 
 /// One replica's model and cache.
 pub trait StepRunner: Send {
     /// Runs one batch (writing its new K/V into the cache) and returns one
     /// f32 logits row per entry of `batch.logits_indices`.
-    fn step(&mut self, batch: &BatchInput) -> Result<Vec<Vec<f32>>>;
+    fn step(&mut self, batch: &BatchInput) -> Result<Logits>;
 
     /// Tokens per cache block.
     fn block_size(&self) -> usize;
@@ -71,13 +70,13 @@ impl CpuRunner {
 }
 
 impl StepRunner for CpuRunner {
-    fn step(&mut self, batch: &BatchInput) -> Result<Vec<Vec<f32>>> {
+    fn step(&mut self, batch: &BatchInput) -> Result<Logits> {
         let (model, cache) = (&self.model, &mut self.cache);
         let logits = self.pool.install(|| model.forward(batch, cache))?;
         if batch.logits_indices.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Logits::empty());
         }
-        Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+        Logits::from_tensor(logits)
     }
 
     fn block_size(&self) -> usize {

@@ -180,6 +180,20 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
         &label,
         &m.lock_idle_hold_s,
     );
+    histogram(
+        &mut out,
+        "agentd:step_forward_seconds",
+        "Histogram of each step's model forward (logits included).",
+        &label,
+        &m.forward_s,
+    );
+    histogram(
+        &mut out,
+        "agentd:step_sampling_seconds",
+        "Histogram of each step's sampling of its logits rows (outside the engine lock).",
+        &label,
+        &m.sample_s,
+    );
     out
 }
 
@@ -267,6 +281,8 @@ mod tests {
             queue_wait_s: Histogram::latency(),
             lock_hold_s: Histogram::lock_hold(),
             lock_idle_hold_s: Histogram::lock_hold(),
+            forward_s: Histogram::step_phase(),
+            sample_s: Histogram::step_phase(),
             batch_tokens: 90,
             batch_budget: 100,
             exhaustion_preemptions: 2,
