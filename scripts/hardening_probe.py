@@ -29,7 +29,13 @@ results = []
 
 
 class Server:
+    """`agentd serve` on a port of its own (a server that is slow to go away
+    never answers for the next probe)."""
+
     def __init__(self, *args, nofile=None):
+        global PORT, BASE
+        PORT += 1
+        BASE = f"http://127.0.0.1:{PORT}"
         self.root = tempfile.mkdtemp(prefix="agentd-probe-")
         self.log = open(os.path.join(self.root, "serve.log"), "w")
         limit = (lambda: __import__("resource").setrlimit(
@@ -70,6 +76,16 @@ def call(method, path, body=None, headers=None, raw=None):
         return e.code, e.read().decode(errors="replace"), e.headers.get("content-type", "")
 
 
+def model(headers=None):
+    return json.loads(call("GET", "/v1/models", None, headers)[1])["data"][0]["id"]
+
+
+def make_program(pid, headers=None):
+    """A program exists once it made a request; tool resources attach to it."""
+    return call("POST", "/v1/completions", {"model": model(headers), "prompt": "hi",
+                                            "max_tokens": 2, "program_id": pid}, headers)[0]
+
+
 def is_json_error(body, ctype):
     try:
         return ctype.startswith("application/json") and "message" in json.loads(body)["error"]
@@ -95,8 +111,10 @@ def report(name, ok, seen):
 
 
 def foreign_pid():
-    victim = subprocess.Popen(["sleep", "300"])
+    # Another user's process in its own session: nothing agentd started.
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
     s = Server()
+    make_program("p1")
     code, body, _ = call("POST", "/programs/p1/resources", {"pids": [victim.pid]})
     call("POST", "/programs/release", {"program_id": "p1"})
     time.sleep(3)
@@ -115,8 +133,7 @@ def tenants():
                "the server does not start with two --api-key (no tenants)")
         return
     a, b = {"authorization": "Bearer key-a"}, {"authorization": "Bearer key-b"}
-    call("POST", "/v1/completions", {"model": "x", "prompt": "hi", "max_tokens": 2,
-                                     "program_id": "mine"}, a)
+    make_program("mine", a)
     _, listed, _ = call("GET", "/programs", None, b)
     code, _, _ = call("POST", "/programs/release", {"program_id": "mine"}, b)
     ok = "mine" not in listed and code == 404
@@ -127,29 +144,31 @@ def tenants():
 
 def environment_opt_in():
     s = Server()
+    make_program("e1")
     code, body, _ = call("POST", "/programs/e1/environment", {"local": {"command": "id -u"}})
     time.sleep(1)
     _, env, _ = call("GET", "/programs/e1/environment?wait=5")
     ran = code < 300
     report("environment commands are off unless enabled", not ran,
-           f"POST environment -> {code}; {env[:120]!r}")
+           f"POST environment -> {code} {body[:110]!r}; then {env[:80]!r}")
     s.stop()
 
 
 def setsid_child():
-    s = Server("--allow-environment-commands")
+    s = Server("--allow-environment-commands", "--sandbox-user", "nobody")
     if not s.started:  # the binary before had no such flag: commands ran anyway
         s.stop()
         s = Server()
-    marker = f"agentd-probe-{os.getpid()}-{time.time_ns()}"
-    cmd = f"setsid sh -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 & sleep 0.5"
+    marker = f"sleep 3{os.getpid() % 1000}.{time.time_ns() % 1000}"
+    cmd = f"setsid {marker} >/dev/null 2>&1 & sleep 0.5"
+    make_program("e2")
     code, body, _ = call("POST", "/programs/e2/environment", {"local": {"command": cmd}})
     call("GET", "/programs/e2/environment?wait=10")
     time.sleep(1)
     call("POST", "/programs/release", {"program_id": "e2"})
     time.sleep(4)
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-    report("a setsid child of an environment command dies with its program", not left,
+    report("a setsid child of an environment command dies with its program", code < 300 and not left,
            f"environment -> {code}; survivors after release: {len(left)}")
     for pid in left:
         os.kill(int(pid), signal.SIGKILL)
@@ -158,21 +177,23 @@ def setsid_child():
 
 def half_open():
     s = Server(nofile=1024)
-    socks = []
+    socks, failed = [], 0
     for _ in range(1500):
         try:
-            c = socket.create_connection(("127.0.0.1", PORT), timeout=1)
+            c = socket.create_connection(("127.0.0.1", PORT), timeout=2)
             c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
             socks.append(c)
         except OSError:
-            break
+            failed += 1
+            if failed >= 20:  # the server stopped taking connections
+                break
     time.sleep(1)
     try:
         code = urllib.request.urlopen(BASE + "/health", timeout=15).status
     except Exception as e:
         code = repr(e)[:60]
     report("/health answers under 1500 half-open connections (fd limit 1024)", code == 200,
-           f"opened {len(socks)}; /health -> {code}")
+           f"opened {len(socks)} ({failed} refused or timed out); /health -> {code}")
     for c in socks:
         c.close()
     s.stop()
@@ -180,6 +201,7 @@ def half_open():
 
 def tool_paths():
     s = Server()
+    make_program("q")
     with open(os.path.join(s.root, "file"), "w") as f:
         f.write("x")
     seen = []
@@ -191,14 +213,28 @@ def tool_paths():
     s.stop()
 
 
+def oversized_body():
+    """A 3 MB body (over axum's 2 MB default limit), sent whole."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+    try:
+        c.request("POST", "/v1/completions", b" " * (3 << 20), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out = (r.status, r.read().decode(errors="replace"), r.getheader("content-type", ""))
+    except OSError as e:
+        out = (0, repr(e), "")
+    c.close()
+    return out
+
+
 def error_shapes():
     s = Server()
     cases = {
-        "body over the limit": call("POST", "/v1/completions", raw=b"{" + b" " * (70 << 20) + b"}"),
+        "body over the limit": oversized_body(),
         "unknown route": call("GET", "/no/such/route"),
         "wrong method": call("DELETE", "/v1/completions"),
         "max_tokens 2^64-1": call("POST", "/v1/completions",
-                                  {"model": "x", "prompt": "hi", "max_tokens": 2**64 - 1}),
+                                  {"model": model(), "prompt": "hi", "max_tokens": 2**64 - 1}),
     }
     bad = {k: v[0] for k, v in cases.items() if not (400 <= v[0] < 500 and is_json_error(v[1], v[2]))}
     report("every refusal is a 4xx OpenAI JSON error", not bad, f"not JSON 4xx: {bad or 'none'}")
@@ -209,7 +245,7 @@ def error_shapes():
     s.stop()
     s = Server()
     call("POST", "/programs/release", {"program_id": "early"})
-    call("POST", "/v1/completions", {"model": "x", "prompt": "hi", "max_tokens": 2, "program_id": "early"})
+    make_program("early")
     _, listed, _ = call("GET", "/programs")
     report("a release before the first request is not undone by it", "early" not in listed,
            f"program listed after: {'early' in listed}")
