@@ -21,7 +21,7 @@ pub fn append_matrix(
     out: &mut Vec<u16>,
 ) -> Result<()> {
     w.with_raw(name, shape, |stored, bytes| {
-        out.reserve(bytes.len() / stored_size(stored));
+        out.reserve(bytes.len() / stored.size());
         let half = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
         match (stored, dtype) {
             (WeightDtype::Bf16, Dtype::Bf16) | (WeightDtype::F16, Dtype::F16) => {
@@ -52,13 +52,6 @@ pub fn matrix(w: &Weights, name: &str, shape: &[usize], dtype: Dtype) -> Result<
     let mut out = Vec::new();
     append_matrix(w, name, shape, dtype, &mut out)?;
     Ok(out)
-}
-
-fn stored_size(d: WeightDtype) -> usize {
-    match d {
-        WeightDtype::F32 => 4,
-        WeightDtype::Bf16 | WeightDtype::F16 => 2,
-    }
 }
 
 #[cfg(test)]

@@ -120,15 +120,7 @@ impl Board {
             return;
         }
         self.asked.store(false, Ordering::Release);
-        let snap = Arc::new(core.snapshot());
-        *self.latest() = Latest {
-            seq,
-            routed,
-            snap,
-            built: Some(Instant::now()),
-        };
-        self.published.notify_all();
-        self.notify.notify_waiters();
+        self.publish(seq, routed, Arc::new(core.snapshot()));
     }
 
     /// Builds and publishes a snapshot now, due or not: a reader's fallback
@@ -136,19 +128,25 @@ impl Board {
     /// long forward) and so published nothing.
     pub fn publish_now(&self, core: &Core, seq: u64, routed: u64) -> Arc<Snapshot> {
         let snap = Arc::new(core.snapshot());
+        self.publish(seq, routed, snap.clone());
+        snap
+    }
+
+    /// Makes `snap`, built by section `seq`, the latest (unless a later
+    /// section's is already) and wakes the readers.
+    fn publish(&self, seq: u64, routed: u64, snap: Arc<Snapshot>) {
         let mut l = self.latest();
         if seq >= l.seq {
             *l = Latest {
                 seq,
                 routed,
-                snap: snap.clone(),
+                snap,
                 built: Some(Instant::now()),
             };
         }
         drop(l);
         self.published.notify_all();
         self.notify.notify_waiters();
-        snap
     }
 
     /// The latest snapshot if it is fresh for a reader that arrived at

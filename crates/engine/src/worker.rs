@@ -140,14 +140,7 @@ impl Shared {
     /// panicked mid-step; the bookkeeping is still the best state there is,
     /// so keep serving the other programs.
     pub fn lock(&self) -> Held<'_> {
-        let guard = self.core.lock().unwrap_or_else(|e| e.into_inner());
-        Held {
-            guard: ManuallyDrop::new(guard),
-            shared: self,
-            since: Instant::now(),
-            seq: self.board.begin(),
-            idle: false,
-        }
+        self.held(self.core.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The engine lock if it is free now.
@@ -157,13 +150,18 @@ impl Shared {
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        Some(Held {
+        Some(self.held(guard))
+    }
+
+    /// A critical section begins on the acquired `guard`.
+    fn held<'a>(&'a self, guard: MutexGuard<'a, Core>) -> Held<'a> {
+        Held {
             guard: ManuallyDrop::new(guard),
             shared: self,
             since: Instant::now(),
             seq: self.board.begin(),
             idle: false,
-        })
+        }
     }
 
     /// A reader's fallback ([`crate::board`]): with the lock free, route

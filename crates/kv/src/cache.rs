@@ -209,12 +209,10 @@ impl KvCache {
         let Some(kv) = self.programs.get(&p) else {
             return 0;
         };
-        let from = kv.hashes.len();
-        let aligned = kv.tail.is_empty()
-            && kv.num_computed == from * bs
-            && kv.blocks.len() == from
-            && kv.num_slots == kv.num_computed;
-        if !aligned || (from + 1) * bs > limit {
+        let Some(from) = self.next_block_start(kv, tokens) else {
+            return 0;
+        };
+        if kv.blocks.len() != from || kv.num_slots != kv.num_computed {
             return 0;
         }
         let mut kv = self.take(p);
@@ -245,13 +243,19 @@ impl KvCache {
     pub fn next_block_hash(&self, p: ProgramId, tokens: &[u32]) -> Option<BlockHash> {
         let bs = self.block_size;
         let kv = self.programs.get(&p)?;
-        let from = kv.hashes.len();
-        let aligned = kv.tail.is_empty() && kv.num_computed == from * bs;
-        if !aligned || (from + 1) * bs > tokens.len().saturating_sub(1) {
-            return None;
-        }
+        let from = self.next_block_start(kv, tokens)?;
         let block = tokens.get(from * bs..(from + 1) * bs)?;
         Some(hash_block(kv.hashes.last().copied(), block, kv.salt))
+    }
+
+    /// The index of `kv`'s next block when it has computed exactly its
+    /// hashed blocks (no partial tail) and `tokens`, its context, holds that
+    /// block whole short of the last token (which a match never covers).
+    fn next_block_start(&self, kv: &ProgramKv, tokens: &[u32]) -> Option<usize> {
+        let bs = self.block_size;
+        let from = kv.hashes.len();
+        let aligned = kv.tail.is_empty() && kv.num_computed == from * bs;
+        (aligned && (from + 1) * bs <= tokens.len().saturating_sub(1)).then_some(from)
     }
 
     /// Hashes of the blocks that computing the next `n` tokens of `p`'s
