@@ -98,8 +98,19 @@ impl Inbox {
     /// Takes every submission, in arrival order (called under the engine
     /// lock; [`Inbox::settle`] ends the drain).
     pub fn take(&self) -> Vec<Submitted> {
+        self.take_up_to(usize::MAX)
+    }
+
+    /// Takes the `n` oldest submissions, in arrival order (called under
+    /// the engine lock, which is released after routing them:
+    /// [`Inbox::settle`] ends the drain).
+    pub fn take_up_to(&self, n: usize) -> Vec<Submitted> {
         let mut st = self.state();
-        let items = std::mem::take(&mut st.items);
+        let items: Vec<Submitted> = if n >= st.items.len() {
+            std::mem::take(&mut st.items)
+        } else {
+            st.items.drain(..n).collect()
+        };
         st.draining += items.len();
         st.taken += items.len() as u64;
         items

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use agentd_kv::ProgramId;
 use agentd_scheduler::{Phase, Policy, State};
-use tracing::{debug, info};
+use tracing::debug;
 
 use crate::core::{Core, Prog, Req};
 use crate::{EndReason, Event, FinishReason, ProgramEnded, ProgramStatus, Usage};
@@ -69,7 +69,9 @@ impl Core {
             self.names.remove(name);
         }
         let reason = prog.end_reason.unwrap_or(EndReason::Released);
-        info!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
+        // Debug level: at info, every program's end formatted and wrote a
+        // line to the log while holding the engine lock.
+        debug!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
         // Releasing a program cancels its siblings (each is reaped now, or
         // after the step that holds it).
         for c in prog.children {

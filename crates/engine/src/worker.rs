@@ -255,9 +255,16 @@ impl StepTiming {
 /// Sequences committed per section of the engine lock. A commit touches
 /// each sequence's bookkeeping cold (the forward and sampling streamed the
 /// step's logits, 58 MB at 96 rows of Qwen's vocabulary, through the
-/// caches): 3–5 µs a sequence, so 96 in one section held the lock
-/// 0.4–0.9 ms. In sections of 16 the lock's p50 at 96 programs is ~35 µs.
-const COMMIT_SECTION_SEQS: usize = 16;
+/// caches and the TLB): measured 3–15 µs a sequence on the 2-core build
+/// machine, so 96 in one section held the lock 0.4–0.9 ms and sections of
+/// 16 still 150–360 µs.
+const COMMIT_SECTION_SEQS: usize = 8;
+
+/// Submissions routed per section of the engine lock. Routing matches a
+/// prompt against the prefix cache and may start it at once (allocation,
+/// events): 10–60 µs each at 96 programs, so a burst routed in the plan's
+/// own section held the lock up to 0.8 ms.
+const ACCEPT_SECTION_SUBMISSIONS: usize = 4;
 
 /// Commits replica `r`'s step in sections of [`COMMIT_SECTION_SEQS`]
 /// sequences (the first records `timing`), then ends it; returns the stream
@@ -293,6 +300,13 @@ fn commit(
 /// Plans replica `r`'s next step, waiting while there is nothing to run;
 /// `None` once the engine shuts down.
 ///
+/// New submissions are routed first, [`ACCEPT_SECTION_SUBMISSIONS`] per
+/// section, and taken from the inbox under the engine lock (a release
+/// looks for its program's submissions there under the same lock); the
+/// plan then gets a section of its own. Submissions arriving meanwhile are
+/// routed too: a steady stream holds the plan back only while it outpaces
+/// routing, which the inbox's back-pressure bounds.
+///
 /// `pending` (the previous commit's events) goes out right after the plan
 /// section: delivering wakes a runtime thread per stream, and on 2 cores
 /// those threads took the CPU from a plan section that followed at once
@@ -302,15 +316,22 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Vec<SeqP
     loop {
         shared.wake.clear(r);
         let mut core = shared.lock();
-        if core.shutdown {
-            return None;
+        let mut fresh = false;
+        loop {
+            if core.shutdown {
+                return None;
+            }
+            let submitted = shared.inbox.take_up_to(ACCEPT_SECTION_SUBMISSIONS);
+            if submitted.is_empty() {
+                break;
+            }
+            fresh = true;
+            core.accept(submitted);
+            drop(core);
+            core = shared.lock();
         }
-        let submitted = shared.inbox.take();
-        let fresh = !submitted.is_empty();
-        core.accept(submitted);
         let step = core.plan(r);
-        let idle = step.seqs.is_empty() && !(fresh || step.changed);
-        if idle {
+        if step.seqs.is_empty() && !(fresh || step.changed) {
             core.set_idle();
         }
         drop(core);

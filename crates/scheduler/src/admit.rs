@@ -50,6 +50,33 @@ struct Room {
     empty: Vec<bool>,
     /// Replicas held for a unit that fits nowhere yet.
     reserved: Vec<bool>,
+    /// The smallest need [`ProgramScheduler::make_room`] failed to free
+    /// room for in this decision, per kind of victim (a group's members
+    /// are never its victims, so only failures of units without a group
+    /// count). Pausing is monotone in `need` and placements only take
+    /// room, so a larger need fails too until some pause frees room: at 96
+    /// programs each overdue candidate re-ran the same failing pass
+    /// (pause order, exclusive blocks of every resident), up to 200 µs of
+    /// the engine lock in a decision that admitted nothing.
+    failed: [f64; 2],
+}
+
+impl Room {
+    fn known_to_fail(&self, victims: Victims, need: f64) -> bool {
+        need >= self.failed[victims as usize]
+    }
+
+    fn note(&mut self, victims: Victims, need: f64, grouped: bool, made: Option<usize>) {
+        match made {
+            // Room was freed: what failed before may fit now.
+            Some(_) => self.failed = [f64::INFINITY; 2],
+            None if !grouped => {
+                let f = &mut self.failed[victims as usize];
+                *f = f.min(need);
+            }
+            None => {}
+        }
+    }
 }
 
 impl ProgramScheduler {
@@ -73,6 +100,7 @@ impl ProgramScheduler {
             running: self.running.clone(),
             empty: (0..n).map(|r| self.active[r].is_empty()).collect(),
             reserved: vec![false; n],
+            failed: [f64::INFINITY; 2],
         };
         for p in self.candidates(now) {
             // Admitted already with its group, or paused by this very
@@ -186,11 +214,11 @@ impl ProgramScheduler {
         if best.is_none() && here && room.running[l] == 0 {
             let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
             if waited >= self.cfg.idle_reclaim_after_s {
-                best = self.make_room(l, now, mem, need, room, &unit, Victims::Acting, out);
+                best = self.try_make_room(l, now, mem, need, room, &unit, Victims::Acting, out);
             }
         }
         if best.is_none() && here && self.overdue(p, now) {
-            best = self.make_room(l, now, mem, need, room, &unit, Victims::Resident, out);
+            best = self.try_make_room(l, now, mem, need, room, &unit, Victims::Resident, out);
         }
         if best.is_none() && sticky.is_some() {
             return true;
@@ -292,6 +320,32 @@ impl ProgramScheduler {
         }
     }
 
+    /// [`Self::make_room`] unless this decision already saw it fail for a
+    /// need no larger (see [`Room::failed`]).
+    #[allow(clippy::too_many_arguments)]
+    fn try_make_room(
+        &mut self,
+        l: usize,
+        now: f64,
+        mem: &dyn Memory,
+        need: f64,
+        room: &mut Room,
+        unit: &[ProgramId],
+        victims: Victims,
+        out: &mut Decision,
+    ) -> Option<usize> {
+        if room.known_to_fail(victims, need) {
+            return None;
+        }
+        let grouped = unit
+            .first()
+            .and_then(|u| self.programs.get(u))
+            .is_some_and(|u| u.group.is_some());
+        let made = self.make_room(l, now, mem, need, room, unit, victims, out);
+        room.note(victims, need, grouped, made);
+        made
+    }
+
     /// Pauses programs of `l` (acting only, or any resident for at least
     /// `max_wait_s`; pause order: acting first, shortest first) until a unit
     /// needing `need` blocks fits, or fits the emptied replica. Pauses
@@ -372,7 +426,7 @@ impl ProgramScheduler {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Victims {
     /// Work conservation: tool-waiting programs only.
-    Acting,
+    Acting = 0,
     /// Bounded waiting: any program resident for at least `max_wait_s`.
-    Resident,
+    Resident = 1,
 }
