@@ -406,9 +406,29 @@ impl KvCache {
             .count()
     }
 
-    /// Whether the `i`-th block of `chain` is still cached here.
+    /// Whether the `i`-th block of `chain` is still cached here (in the
+    /// device pool or its host tier).
     pub fn is_cached(&self, chain: &[BlockHash], i: usize) -> bool {
-        chain.get(i).is_some_and(|&h| self.pool.lookup(h).is_some())
+        chain.get(i).is_some_and(|&h| {
+            self.pool.lookup(h).is_some() || self.pool.host().is_some_and(|t| t.contains(h))
+        })
+    }
+
+    /// Puts a host tier of `slots` blocks behind this cache's pool (0: none);
+    /// call on a fresh cache.
+    pub fn enable_host_tier(&mut self, slots: usize) {
+        self.pool.enable_host(slots);
+    }
+
+    /// The copies between the tiers decided since the last call, for the
+    /// runner to carry out, in order, before the next forward.
+    pub fn drain_copies(&mut self) -> Vec<crate::BlockCopy> {
+        self.pool.drain_copies()
+    }
+
+    /// Blocks copied to the host tier and back so far.
+    pub fn host_copies(&self) -> (u64, u64) {
+        (self.pool.offloaded, self.pool.onloaded)
     }
 
     /// `p`'s state, taken out of the map (a fresh one with the cache's salt).
@@ -436,12 +456,23 @@ impl KvCache {
 
     /// Appends the cached block of hash `h` to `p`'s table (`kv`), with a
     /// reference of `p`; false when nothing holds `h`.
+    /// A block only the host tier holds is copied back into a new device
+    /// block (exclusive to `p`).
     fn take_cached(&mut self, p: ProgramId, kv: &mut ProgramKv, h: BlockHash) -> bool {
-        let Some(b) = self.pool.lookup(h) else {
-            return false;
+        let b = match self.pool.lookup(h) {
+            Some(b) => {
+                let ex = self.pool.acquire(b, p);
+                self.note_acquire(p, kv, ex);
+                b
+            }
+            None => match self.pool.onload(p, h) {
+                Some(b) => {
+                    kv.exclusive += 1;
+                    b
+                }
+                None => return false,
+            },
         };
-        let ex = self.pool.acquire(b, p);
-        self.note_acquire(p, kv, ex);
         kv.blocks.push(b);
         kv.hashes.push(h);
         true

@@ -8,6 +8,9 @@
 //!   hash) and the hash → block map.
 //! * [`hash`] — chained content hashes of full blocks (`h_0 = H(salt, tokens_0)`,
 //!   `h_i = H(h_{i-1}, tokens_i)`).
+//! * [`host`] — the host-memory tier behind a device pool: evicted cached
+//!   blocks are copied there and matched back ([`BlockCopy`], carried out by
+//!   the runner).
 //! * [`events`] — the prefix cache's transitions (stored / removed / cleared)
 //!   for KV-aware routers, recorded only when enabled.
 //! * [`KvCache`] — per-program block tables kept *between* requests, prefix
@@ -22,12 +25,15 @@
 //! 4. each program's exclusive-block count equals the number of its blocks whose
 //!    refcount is 1;
 //! 5. programs of different salts (tenants, request `cache_salt`s) never hold
-//!    the same block.
+//!    the same block;
+//! 6. the host tier's slots are each free or hold one hash, agreeing with its
+//!    map (H1, H2 in [`host`]), and pending copies name real blocks and slots.
 
 mod cache;
 mod error;
 pub mod events;
 pub mod hash;
+pub mod host;
 mod lru;
 mod pool;
 mod program;
@@ -36,5 +42,6 @@ pub use cache::{CacheStats, KvCache, PrefixMatch, ProbeResult};
 pub use error::KvError;
 pub use events::KvEvent;
 pub use hash::BlockHash;
+pub use host::{BlockCopy, HostTier};
 pub use pool::{BlockId, BlockPool};
 pub use program::ProgramId;

@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 
 use crate::events::{EventLog, KvEvent};
+use crate::host::{BlockCopy, HostTier};
 use crate::lru::Lru;
 use crate::{BlockHash, ProgramId};
 
@@ -69,6 +70,13 @@ pub struct BlockPool {
     num_referenced: usize,
     /// Hash transitions for KV-event subscribers; `None` (no cost) unless enabled.
     events: Option<EventLog>,
+    /// The host tier behind this pool, if any ([`crate::host`]).
+    host: Option<HostTier>,
+    /// Copies between the tiers decided since the last drain, in order.
+    copies: Vec<BlockCopy>,
+    /// Blocks copied to and from the host tier so far.
+    pub(crate) offloaded: u64,
+    pub(crate) onloaded: u64,
 }
 
 impl BlockPool {
@@ -83,7 +91,88 @@ impl BlockPool {
             dups: HashMap::new(),
             num_referenced: 0,
             events: None,
+            host: None,
+            copies: Vec::new(),
+            offloaded: 0,
+            onloaded: 0,
         }
+    }
+
+    /// Puts a host tier of `slots` blocks behind this pool (0: none).
+    pub(crate) fn enable_host(&mut self, slots: usize) {
+        self.host = (slots > 0).then(|| HostTier::new(slots));
+    }
+
+    pub fn host(&self) -> Option<&HostTier> {
+        self.host.as_ref()
+    }
+
+    /// The copies decided since the last drain, in the order the runner
+    /// must carry them out (before the next forward).
+    pub(crate) fn drain_copies(&mut self) -> Vec<BlockCopy> {
+        std::mem::take(&mut self.copies)
+    }
+
+    /// Whether the host tier holds `h`.
+    fn host_holds(&self, h: BlockHash) -> bool {
+        self.host.as_ref().is_some_and(|t| t.contains(h))
+    }
+
+    /// Device block `i`, cached as `hash`, is being evicted: copy it to the
+    /// host tier (unless the tier holds it already), and announce `hash`
+    /// removed when no tier holds it any more.
+    fn evict(&mut self, i: u32, hash: BlockHash) {
+        self.by_hash.remove(&hash);
+        if let Some((slot, dropped)) = self.host.as_mut().and_then(|t| t.store(hash)) {
+            self.copies.push(BlockCopy::Offload {
+                device: BlockId(i),
+                host: slot,
+            });
+            self.offloaded += 1;
+            if let Some(d) = dropped.filter(|d| !self.by_hash.contains_key(d)) {
+                self.note(KvEvent::Removed { hash: d });
+            }
+        }
+        if !self.host_holds(hash) {
+            self.note(KvEvent::Removed { hash });
+        }
+    }
+
+    fn note(&mut self, e: KvEvent) {
+        if let Some(log) = &mut self.events {
+            log.push(e);
+        }
+    }
+
+    /// A device block for `owner` holding `h`'s content, copied from the
+    /// host tier (refcount 1, hashed); `None` when the tier does not hold
+    /// `h` or no device block is available. The device pool must not hold
+    /// `h` (the caller looked it up first). No event: `h` was announced
+    /// while it sat in the host tier.
+    pub(crate) fn onload(&mut self, owner: ProgramId, h: BlockHash) -> Option<BlockId> {
+        if !self.host_holds(h) {
+            return None;
+        }
+        debug_assert!(
+            !self.by_hash.contains_key(&h),
+            "onload of a device-cached hash"
+        );
+        let b = self.allocate(owner)?;
+        // Looked up after allocating: the allocation's own offload may
+        // have taken `h`'s slot (a tier of one slot), and then its content
+        // is gone.
+        let Some(slot) = self.host.as_mut().and_then(|t| t.lookup(h)) else {
+            self.release(b, owner);
+            return None;
+        };
+        self.copies.push(BlockCopy::Onload {
+            host: slot,
+            device: b,
+        });
+        self.onloaded += 1;
+        self.blocks[b.0 as usize].hash = Some(h);
+        self.by_hash.insert(h, b.0);
+        Some(b)
     }
 
     /// Starts recording hash transitions ([`KvEvent`]), beginning with
@@ -141,10 +230,7 @@ impl BlockPool {
                     // An evictable holder has no copies: they take the hash
                     // over when it is released, or are freed when it is not.
                     debug_assert!(!self.dups.contains_key(&hash), "evicting a copied hash");
-                    self.by_hash.remove(&hash);
-                    if let Some(log) = &mut self.events {
-                        log.push(KvEvent::Removed { hash });
-                    }
+                    self.evict(i, hash);
                 }
                 i
             }
@@ -264,6 +350,10 @@ impl BlockPool {
         }
         self.by_hash.insert(h, b.0);
         self.blocks[b.0 as usize].hash = Some(h);
+        if self.host_holds(h) {
+            // Announced when it was first stored; it never left the replica.
+            return false;
+        }
         if let Some(log) = &mut self.events {
             log.push(KvEvent::Stored {
                 hash: h,
@@ -277,7 +367,12 @@ impl BlockPool {
     /// Every hash currently cached (referenced or evictable), for checks
     /// against what subscribers rebuilt from the events.
     pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.by_hash.keys().copied()
+        let host_only = self
+            .host
+            .iter()
+            .flat_map(HostTier::hashes)
+            .filter(|h| !self.by_hash.contains_key(h));
+        self.by_hash.keys().copied().chain(host_only)
     }
 
     /// Checks invariants 1 and 3 (see the crate docs); refcounts against the
@@ -358,6 +453,25 @@ impl BlockPool {
         }
         if self.blocks.iter().filter(|b| b.dup_of.is_some()).count() != copies {
             return Err("a block is marked as a copy but not listed".into());
+        }
+        self.check_host()
+    }
+
+    /// The host tier's own invariants, and pending copies within both tiers.
+    fn check_host(&self) -> Result<(), String> {
+        let Some(host) = &self.host else {
+            return match self.copies.is_empty() {
+                true => Ok(()),
+                false => Err("copies pending without a host tier".into()),
+            };
+        };
+        host.check_invariants()?;
+        for c in &self.copies {
+            let (BlockCopy::Offload { device, host: s } | BlockCopy::Onload { host: s, device }) =
+                *c;
+            if device.0 as usize >= self.blocks.len() || s as usize >= host.num_slots() {
+                return Err(format!("copy {c:?} out of range"));
+            }
         }
         Ok(())
     }

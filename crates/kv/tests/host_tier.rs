@@ -1,0 +1,215 @@
+//! Property test of the host tier: random turns, decodes, pauses and
+//! releases on a small device pool with a host tier behind it. Besides the
+//! pool's invariants and the KV events (a hash is announced once while
+//! either tier holds it), a model of the *contents* replays the copies the
+//! cache asks for, in order, before each "forward" writes the tokens it
+//! computed: every hashed device block, every resident program's full
+//! blocks and every host slot must then hold exactly their hash's content.
+//! A copy made in the wrong order, from the wrong slot, or missing, shows up
+//! as a block whose content is not its hash.
+
+use std::collections::HashSet;
+
+use agentd_kv::{BlockCopy, BlockHash, BlockId, KvCache, KvEvent, ProgramId};
+use proptest::prelude::*;
+
+const BS: usize = 4;
+const DEVICE_BLOCKS: usize = 16;
+const PROGRAMS: usize = 6;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Turn { p: u8, stem: u8, extra: u8 },
+    Decode { p: u8, n: u8 },
+    Pause { p: u8 },
+    Release { p: u8 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..PROGRAMS as u8, 0u8..3, 0u8..24).prop_map(|(p, stem, extra)| Op::Turn { p, stem, extra }),
+        3 => (0u8..PROGRAMS as u8, 1u8..10).prop_map(|(p, n)| Op::Decode { p, n }),
+        3 => (0u8..PROGRAMS as u8).prop_map(|p| Op::Pause { p }),
+        1 => (0u8..PROGRAMS as u8).prop_map(|p| Op::Release { p }),
+    ]
+}
+
+/// What each device block and host slot holds: the hash of the content
+/// last written or copied there (`None`: nothing whole).
+struct Contents {
+    device: Vec<Option<BlockHash>>,
+    host: Vec<Option<BlockHash>>,
+}
+
+impl Contents {
+    fn apply(&mut self, copies: Vec<BlockCopy>) {
+        for c in copies {
+            match c {
+                BlockCopy::Offload { device, host } => {
+                    self.host[host as usize] = self.device[device.0 as usize]
+                }
+                BlockCopy::Onload { host, device } => {
+                    self.device[device.0 as usize] = self.host[host as usize]
+                }
+            }
+        }
+    }
+
+    /// The forward computed `p`'s tokens from `from` on: the blocks that
+    /// are full now hold their hash's content, the partial one nothing whole.
+    fn write(&mut self, kv: &KvCache, p: ProgramId, from: usize) {
+        let (table, hashes) = (kv.block_table(p), kv.program_hashes(p));
+        for (i, b) in table.iter().enumerate().skip(from / BS) {
+            self.device[b.0 as usize] = hashes.get(i).copied();
+        }
+    }
+}
+
+/// Runs the plan's copies, then the forward of `n` new tokens of `p`.
+fn compute(kv: &mut KvCache, m: &mut Contents, p: ProgramId, tokens: &[u32]) -> bool {
+    if kv.allocate_slots(p, tokens.len()).is_err() {
+        kv.pause(p);
+        m.apply(kv.drain_copies());
+        return false;
+    }
+    m.apply(kv.drain_copies());
+    let from = kv.num_computed(p);
+    kv.commit(p, tokens).unwrap();
+    m.write(kv, p, from);
+    true
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn copies_keep_every_block_holding_its_hash(
+        host_slots in 1usize..12,
+        ops in proptest::collection::vec(op(), 1..100),
+    ) {
+        let mut kv = KvCache::new(DEVICE_BLOCKS, BS, 0);
+        kv.enable_events();
+        kv.enable_host_tier(host_slots);
+        let mut m = Contents { device: vec![None; DEVICE_BLOCKS], host: vec![None; host_slots] };
+        let mut seen: HashSet<BlockHash> = HashSet::new();
+        let mut ctx: Vec<Vec<u32>> = vec![Vec::new(); PROGRAMS];
+        for op in ops {
+            match op {
+                Op::Turn { p, stem, extra } => {
+                    let id = ProgramId(p as u64);
+                    let c = &mut ctx[p as usize];
+                    if c.is_empty() {
+                        c.extend((0..8).map(|i| stem as u32 * 1000 + i));
+                    }
+                    c.extend((0..extra as u32).map(|i| p as u32 * 7 + i % 3));
+                    let matched = kv.match_prefix(id, c).cached_tokens;
+                    let rest = c[matched..].to_vec();
+                    compute(&mut kv, &mut m, id, &rest);
+                }
+                Op::Decode { p, n } => {
+                    let id = ProgramId(p as u64);
+                    if kv.is_resident(id) && kv.num_computed(id) == ctx[p as usize].len() {
+                        let new: Vec<u32> = (0..n as u32).map(|i| 50 + i).collect();
+                        if compute(&mut kv, &mut m, id, &new) {
+                            ctx[p as usize].extend(new);
+                        }
+                    }
+                }
+                Op::Pause { p } => kv.pause(ProgramId(p as u64)),
+                Op::Release { p } => {
+                    kv.release(ProgramId(p as u64));
+                    ctx[p as usize].clear();
+                }
+            }
+            m.apply(kv.drain_copies());
+            if let Err(e) = kv.check_invariants() {
+                return Err(TestCaseError::fail(e));
+            }
+            for e in kv.drain_events() {
+                match e {
+                    KvEvent::Stored { hash, .. } => prop_assert!(seen.insert(hash), "stored twice"),
+                    KvEvent::Removed { hash } => prop_assert!(seen.remove(&hash), "removed unknown"),
+                    KvEvent::Cleared => seen.clear(),
+                }
+            }
+            prop_assert_eq!(&seen, &kv.pool().cached_hashes().collect::<HashSet<_>>());
+            check_contents(&kv, &m)?;
+        }
+    }
+}
+
+fn check_contents(kv: &KvCache, m: &Contents) -> Result<(), TestCaseError> {
+    for b in 0..DEVICE_BLOCKS {
+        if let Some(h) = kv.pool().hash_of(BlockId(b as u32)) {
+            prop_assert_eq!(
+                m.device[b],
+                Some(h),
+                "device block {} does not hold its hash",
+                b
+            );
+        }
+    }
+    for p in 0..PROGRAMS {
+        let id = ProgramId(p as u64);
+        for (i, h) in kv.program_hashes(id).iter().enumerate() {
+            if let Some(b) = kv.block_table(id).get(i) {
+                prop_assert_eq!(
+                    m.device[b.0 as usize],
+                    Some(*h),
+                    "program {} block {}",
+                    p,
+                    i
+                );
+            }
+        }
+    }
+    let host = kv.pool().host().expect("host tier enabled");
+    for h in host.hashes() {
+        let s = host.slot(h).expect("held");
+        prop_assert_eq!(
+            m.host[s as usize],
+            Some(h),
+            "host slot {} does not hold its hash",
+            s
+        );
+    }
+    Ok(())
+}
+
+/// A paused program whose blocks the device pool evicted is restored from
+/// the host tier: its whole context matches again, nothing recomputed.
+#[test]
+fn a_paused_program_is_restored_from_the_host_tier() {
+    let mut kv = KvCache::new(8, BS, 0);
+    kv.enable_host_tier(16);
+    let (a, b) = (ProgramId(1), ProgramId(2));
+    let ctx_a: Vec<u32> = (0..25).collect();
+    kv.match_prefix(a, &ctx_a);
+    kv.allocate_slots(a, 25).unwrap();
+    kv.commit(a, &ctx_a).unwrap();
+    kv.pause(a);
+    // Another program takes the whole pool: a's six full blocks are evicted.
+    let ctx_b: Vec<u32> = (100..132).collect();
+    kv.match_prefix(b, &ctx_b);
+    kv.allocate_slots(b, 32).unwrap();
+    kv.commit(b, &ctx_b).unwrap();
+    let copies = kv.drain_copies();
+    assert_eq!(
+        copies
+            .iter()
+            .filter(|c| matches!(c, BlockCopy::Offload { .. }))
+            .count(),
+        6
+    );
+    kv.release(b);
+    let m = kv.match_prefix(a, &ctx_a);
+    assert_eq!(m.cached_tokens, 24, "every full block comes back");
+    let onloads = kv
+        .drain_copies()
+        .into_iter()
+        .filter(|c| matches!(c, BlockCopy::Onload { .. }))
+        .count();
+    assert_eq!(onloads, 6);
+    // Making room for a's blocks evicted six of b's cached ones in turn.
+    assert_eq!(kv.host_copies(), (12, 6));
+    kv.check_invariants().unwrap();
+}
