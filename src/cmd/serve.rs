@@ -76,6 +76,14 @@ pub struct ServeArgs {
     /// from the model's bytes per block instead of --num-kv-blocks.
     #[arg(long)]
     pub kv_cache_memory: Option<u64>,
+    /// Host-memory KV tier per replica in GiB, as vLLM's flag: cached blocks
+    /// the pool evicts are copied there and matched back instead of
+    /// recomputed (CPU device only for now).
+    #[arg(long)]
+    pub kv_offloading_size: Option<f64>,
+    /// Host-tier blocks per replica (instead of --kv-offloading-size).
+    #[arg(long, conflicts_with = "kv_offloading_size")]
+    pub num_host_kv_blocks: Option<usize>,
     /// Token budget of one engine step (decode tokens + prefill chunks).
     #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
     pub max_num_batched_tokens: usize,
@@ -219,15 +227,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let name = args.served_model_name.clone().unwrap_or(default_name);
     let num_blocks = match args.kv_cache_memory {
         Some(bytes) => {
-            let mc = agentd_models::ModelConfig::from_dir(&model_dir)
-                .with_context(|| format!("reading {}", model_dir.display()))?;
-            // The CPU cache holds f32, the CUDA cache 16-bit values.
-            let shrink = if args.device == "cuda" { 2 } else { 1 };
-            let per_block =
-                (agentd_models::KvCacheConfig::for_model(&mc, 1, args.sched.block_size)
-                    .bytes_per_block()
-                    / shrink)
-                    .max(1);
+            let per_block = bytes_per_block(&args, &model_dir)?;
             let blocks = usize::try_from(bytes / per_block as u64).unwrap_or(usize::MAX);
             anyhow::ensure!(
                 blocks > 0,
@@ -243,6 +243,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         None => args.num_kv_blocks,
     };
+    let host_blocks = match (args.kv_offloading_size, args.num_host_kv_blocks) {
+        (_, Some(n)) => n,
+        (Some(gib), None) => {
+            anyhow::ensure!(
+                gib.is_finite() && gib >= 0.0,
+                "--kv-offloading-size must be a size in GiB, got {gib}"
+            );
+            let per_block = bytes_per_block(&args, &model_dir)?;
+            let blocks = (gib * (1u64 << 30) as f64 / per_block as f64) as usize;
+            tracing::info!(
+                gib,
+                per_block,
+                blocks,
+                "host KV tier sized from --kv-offloading-size"
+            );
+            blocks
+        }
+        (None, None) => 0,
+    };
     let cfg = EngineConfig {
         replicas: args.replicas,
         num_blocks,
@@ -257,6 +276,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             args.replicas,
             args.sched.block_size,
         )?,
+        host_blocks,
         ..EngineConfig::default()
     };
     tracing::info!(?cfg, "starting engine");
@@ -423,4 +443,17 @@ fn write_default(scratch: &Path) -> Result<()> {
     write_random_model(&card.config, &out, 0, card.tokenizer_dir.as_deref())?;
     std::fs::write(out.join(".complete"), b"")?;
     Ok(())
+}
+
+/// Bytes of one KV block of the served model on the chosen device.
+fn bytes_per_block(args: &ServeArgs, model_dir: &std::path::Path) -> anyhow::Result<usize> {
+    let mc = agentd_models::ModelConfig::from_dir(model_dir)
+        .with_context(|| format!("reading {}", model_dir.display()))?;
+    // The CPU cache holds f32, the CUDA cache 16-bit values.
+    let shrink = if args.device == "cuda" { 2 } else { 1 };
+    Ok(
+        (agentd_models::KvCacheConfig::for_model(&mc, 1, args.sched.block_size).bytes_per_block()
+            / shrink)
+            .max(1),
+    )
 }

@@ -28,6 +28,10 @@ pub struct EngineConfig {
     /// Where each step's KV cache events go (`--kv-events-config`); `None`
     /// records nothing.
     pub kv_events: Option<KvEventSink>,
+    /// Blocks of each replica's host tier (`--kv-offloading-size`): evicted
+    /// cached blocks are copied there and back instead of recomputed. 0:
+    /// none.
+    pub host_blocks: usize,
 }
 
 impl EngineConfig {
@@ -54,6 +58,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             threads_per_replica: None,
             kv_events: None,
+            host_blocks: 0,
         }
     }
 }

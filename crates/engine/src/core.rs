@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentd_kv::ProgramId;
+use agentd_kv::{BlockCopy, ProgramId};
 use agentd_models::{SampleOutput, SequenceSampler};
 use agentd_scheduler::{build_policy, Contexts, GroupId, ReplicaSet, ToolId};
 use tokio::sync::mpsc::UnboundedSender;
@@ -109,6 +109,9 @@ impl SeqPlan {
 /// readers can see (an idle re-plan changes nothing).
 pub(crate) struct StepBatch {
     pub seqs: Vec<SeqPlan>,
+    /// Copies between the KV tiers the runner carries out before the
+    /// forward (decided by this plan or by routing since the last one).
+    pub copies: Vec<BlockCopy>,
     pub changed: bool,
 }
 
@@ -175,7 +178,8 @@ impl Core {
                 cfg.block_size,
                 cfg.cache_salt,
                 cfg!(debug_assertions),
-            ),
+            )
+            .with_host_tier(cfg.host_blocks),
             names: HashMap::new(),
             programs: HashMap::new(),
             in_flight: vec![HashSet::new(); n],
@@ -403,6 +407,7 @@ impl Core {
         self.verify(r);
         StepBatch {
             seqs: plan,
+            copies: self.replicas.kv[r].drain_copies(),
             changed,
         }
     }

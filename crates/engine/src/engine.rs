@@ -178,6 +178,11 @@ impl Engine {
                 cfg.block_size
             )));
         }
+        let mut runners = runners;
+        for r in &mut runners {
+            r.enable_host_tier(cfg.host_blocks)
+                .map_err(|e| StartError::Config(e.to_string()))?;
+        }
         let max_len = max_model_len(&cfg, mc.max_position_embeddings)?;
         let mut core = Core::new(cfg.clone());
         core.enable_kv_events();

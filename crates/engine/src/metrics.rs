@@ -119,6 +119,12 @@ pub struct MetricsSnapshot {
     pub pauses: u64,
     pub restores: u64,
     pub recomputed_tokens: u64,
+    /// Blocks copied to the host tier, and back, so far; host slots in use
+    /// and in all (0 without a host tier).
+    pub kv_offloaded_blocks: u64,
+    pub kv_onloaded_blocks: u64,
+    pub host_blocks_used: usize,
+    pub host_blocks: usize,
     pub requests_finished: u64,
 }
 
@@ -187,6 +193,10 @@ impl Default for MetricsSnapshot {
             pauses: 0,
             restores: 0,
             recomputed_tokens: 0,
+            kv_offloaded_blocks: 0,
+            kv_onloaded_blocks: 0,
+            host_blocks_used: 0,
+            host_blocks: 0,
             requests_finished: 0,
         }
     }
@@ -199,11 +209,18 @@ impl Core {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let stats = agentd_scheduler::Policy::stats(&self.replicas.policy);
         let (mut queries, mut hits, mut referenced, mut total) = (0, 0, 0, 0);
+        let (mut offloaded, mut onloaded, mut host_used, mut host_total) = (0, 0, 0, 0);
         for kv in &self.replicas.kv {
             queries += kv.stats().query_tokens;
             hits += kv.stats().hit_tokens;
             referenced += kv.pool().num_referenced();
             total += kv.pool().num_blocks();
+            let (off, on) = kv.host_copies();
+            (offloaded, onloaded) = (offloaded + off, onloaded + on);
+            if let Some(h) = kv.pool().host() {
+                host_used += h.num_used();
+                host_total += h.num_slots();
+            }
         }
         let table = self.program_status();
         let mut programs: Vec<(&'static str, &'static str, usize)> = Vec::new();
@@ -242,6 +259,10 @@ impl Core {
             pauses: stats.total_pauses(),
             restores: stats.restores,
             recomputed_tokens: self.replicas.stats().recomputed_tokens,
+            kv_offloaded_blocks: offloaded,
+            kv_onloaded_blocks: onloaded,
+            host_blocks_used: host_used,
+            host_blocks: host_total,
             requests_finished: c.requests_finished,
         };
         Snapshot {

@@ -5,6 +5,7 @@ use std::mem::ManuallyDrop;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use agentd_kv::BlockCopy;
 use agentd_models::{BatchBuilder, Logits, LogitsFor, StepRunner};
 use rayon::prelude::*;
 use tracing::{error, info, warn};
@@ -201,11 +202,13 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
     // The last commit's stream events, delivered once the next step is
     // planned (see `next_plan`).
     let mut pending = Outbox::default();
-    while let Some(mut plan) = next_plan(r, &shared, &mut pending) {
+    while let Some((mut plan, copies)) = next_plan(r, &shared, &mut pending) {
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
         let t = Instant::now();
-        let result = forward(runner.as_mut(), &plan);
+        let result = runner
+            .copy_blocks(&copies)
+            .and_then(|()| forward(runner.as_mut(), &plan));
         let forward_s = t.elapsed().as_secs_f64();
         let pool = runner.compute_pool().or(own_pool.as_ref());
         let t = Instant::now();
@@ -312,7 +315,15 @@ fn commit(
 /// those threads took the CPU from a plan section that followed at once
 /// (held 1–2 ms for 0.1–0.2 ms of its own work). Tokens reach the streams
 /// one plan section (~0.1 ms) later.
-fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Vec<SeqPlan>> {
+///
+/// Returns the batch with the copies between the KV tiers to carry out
+/// before its forward: those of idle plans too, since no forward ran since.
+fn next_plan(
+    r: usize,
+    shared: &Shared,
+    pending: &mut Outbox,
+) -> Option<(Vec<SeqPlan>, Vec<BlockCopy>)> {
+    let mut copies = Vec::new();
     loop {
         shared.wake.clear(r);
         let mut core = shared.lock();
@@ -330,14 +341,15 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Vec<SeqP
             drop(core);
             core = shared.lock();
         }
-        let step = core.plan(r);
+        let mut step = core.plan(r);
         if step.seqs.is_empty() && !(fresh || step.changed) {
             core.set_idle();
         }
         drop(core);
         pending.take().deliver();
+        copies.append(&mut step.copies);
         if !step.seqs.is_empty() {
-            return Some(step.seqs);
+            return Some((step.seqs, copies));
         }
         shared.wake.wait(r, IDLE_TICK);
     }

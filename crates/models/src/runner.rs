@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use agentd_kv::BlockCopy;
+
 use crate::attention::PagedKvCache;
 use crate::batch::BatchInput;
 use crate::error::{ModelError, Result};
@@ -32,6 +34,31 @@ pub trait StepRunner: Send {
     fn compute_pool(&self) -> Option<&rayon::ThreadPool> {
         None
     }
+
+    /// Puts a host tier of `slots` blocks behind the cache (DESIGN §3);
+    /// an error when the runner has none.
+    fn enable_host_tier(&mut self, slots: usize) -> Result<()> {
+        match slots {
+            0 => Ok(()),
+            _ => Err(no_host_tier(&self.device())),
+        }
+    }
+
+    /// Carries out the allocator's copies between the tiers, in order
+    /// (before the next [`StepRunner::step`]).
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        match copies.is_empty() {
+            true => Ok(()),
+            false => Err(no_host_tier(&self.device())),
+        }
+    }
+}
+
+fn no_host_tier(device: &str) -> ModelError {
+    ModelError::Backend {
+        backend: "runner",
+        message: format!("{device} has no host KV tier (--kv-offloading-size)"),
+    }
 }
 
 /// The CPU runtime on its own rayon pool (replicas split the cores, so they
@@ -39,6 +66,9 @@ pub trait StepRunner: Send {
 pub struct CpuRunner {
     model: Arc<Model>,
     cache: PagedKvCache,
+    /// The host tier's slots, when enabled: on the CPU both tiers are host
+    /// memory, so a copy is a `memcpy` of one block per layer.
+    host: Option<PagedKvCache>,
     pool: rayon::ThreadPool,
 }
 
@@ -61,7 +91,12 @@ impl CpuRunner {
                 backend: "cpu",
                 message: format!("thread pool: {e}"),
             })?;
-        Ok(CpuRunner { model, cache, pool })
+        Ok(CpuRunner {
+            model,
+            cache,
+            host: None,
+            pool,
+        })
     }
 
     pub fn threads(&self) -> usize {
@@ -93,5 +128,33 @@ impl StepRunner for CpuRunner {
 
     fn compute_pool(&self) -> Option<&rayon::ThreadPool> {
         Some(&self.pool)
+    }
+
+    fn enable_host_tier(&mut self, slots: usize) -> Result<()> {
+        self.host = match slots {
+            0 => None,
+            n => Some(self.cache.with_blocks(n)?),
+        };
+        Ok(())
+    }
+
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let Some(host) = self.host.as_mut() else {
+            return Err(no_host_tier("cpu"));
+        };
+        for c in copies {
+            match *c {
+                BlockCopy::Offload { device, host: s } => {
+                    host.copy_block_from(&self.cache, device.0, s)?
+                }
+                BlockCopy::Onload { host: s, device } => {
+                    self.cache.copy_block_from(host, s, device.0)?
+                }
+            }
+        }
+        Ok(())
     }
 }

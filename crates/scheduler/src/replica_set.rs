@@ -158,6 +158,15 @@ impl<P: Policy> ReplicaSet<P> {
         }
     }
 
+    /// Puts a host tier of `slots` blocks behind each replica's pool
+    /// (`agentd_kv::HostTier`; 0: none).
+    pub fn with_host_tier(mut self, slots: usize) -> Self {
+        for kv in &mut self.kv {
+            kv.enable_host_tier(slots);
+        }
+        self
+    }
+
     pub fn num_replicas(&self) -> usize {
         self.kv.len()
     }

@@ -89,6 +89,24 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
         m.recomputed_tokens as f64,
     );
     scalar(
+        "agentd:kv_offloaded_blocks_total",
+        "counter",
+        "Cached KV blocks copied to the host tier as the device pool evicted them.",
+        m.kv_offloaded_blocks as f64,
+    );
+    scalar(
+        "agentd:kv_onloaded_blocks_total",
+        "counter",
+        "KV blocks copied back from the host tier by a prefix match (not recomputed).",
+        m.kv_onloaded_blocks as f64,
+    );
+    scalar(
+        "agentd:kv_host_usage_perc",
+        "gauge",
+        "Fraction of the host tier's blocks holding cached content (0 without one).",
+        m.host_blocks_used as f64 / m.host_blocks.max(1) as f64,
+    );
+    scalar(
         "agentd:exhaustion_preemptions_total",
         "counter",
         "Programs paused because KV blocks ran out while planning a step.",
@@ -290,6 +308,10 @@ mod tests {
             pauses: 4,
             restores: 5,
             recomputed_tokens: 6,
+            kv_offloaded_blocks: 7,
+            kv_onloaded_blocks: 3,
+            host_blocks_used: 1,
+            host_blocks: 4,
             requests_finished: 1,
         }
     }
@@ -315,6 +337,9 @@ mod tests {
             format!("agentd:requests_finished_total{{{l}}} 1"),
             format!("agentd:program_restores_total{{{l}}} 5"),
             format!("agentd:recomputed_tokens_total{{{l}}} 6"),
+            format!("agentd:kv_offloaded_blocks_total{{{l}}} 7"),
+            format!("agentd:kv_onloaded_blocks_total{{{l}}} 3"),
+            format!("agentd:kv_host_usage_perc{{{l}}} 0.25"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.01\"}} 0"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.04\"}} 1"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"+Inf\"}} 1"),

@@ -146,6 +146,46 @@ impl PagedKvCache {
         }
     }
 
+    /// A cache of the same geometry with `num_blocks` blocks: the host
+    /// tier's slots (the engine's `--kv-offloading-size`), which
+    /// [`PagedKvCache::copy_block_from`] fills and reads back.
+    pub fn with_blocks(&self, num_blocks: usize) -> Result<Self> {
+        Self::new(KvCacheConfig {
+            num_blocks,
+            ..self.cfg
+        })
+    }
+
+    /// Copies block `src` of `from` (a cache of the same geometry, e.g. the
+    /// host tier's) onto block `dst` of this one, in every layer.
+    pub fn copy_block_from(&mut self, from: &PagedKvCache, src: u32, dst: u32) -> Result<()> {
+        let c = self.cfg;
+        let same_geometry = KvCacheConfig {
+            num_blocks: c.num_blocks,
+            ..from.cfg
+        } == c;
+        if !same_geometry {
+            return Err(ModelError::CacheMismatch(format!(
+                "copy between caches of different geometry: {:?} vs {c:?}",
+                from.cfg
+            )));
+        }
+        for (b, n) in [(src, from.cfg.num_blocks), (dst, c.num_blocks)] {
+            if b as usize >= n {
+                return Err(ModelError::CacheMismatch(format!(
+                    "block id {b} >= cache size {n}"
+                )));
+            }
+        }
+        let n = c.num_kv_heads * c.block_size * c.head_dim;
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for (to, fr) in self.layers.iter_mut().zip(&from.layers) {
+            to.k[d..d + n].copy_from_slice(&fr.k[s..s + n]);
+            to.v[d..d + n].copy_from_slice(&fr.v[s..s + n]);
+        }
+        Ok(())
+    }
+
     /// Copies block `src` onto block `dst` in every layer (copy-on-write of a
     /// shared tail block by the allocator).
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
