@@ -47,6 +47,11 @@ REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-300}
 # (measured at concurrency 48: hit/ideal 0.91 -> 0.98; see
 # benches/results/kv32k-tool3s/).
 PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.8}
+# A third agentd target when set: the program scheduler with these flags as
+# well, e.g. a host KV tier with bounded waiting
+# (HOST_FLAGS="--num-host-kv-blocks 16384 --max-wait-s 3").
+HOST_FLAGS=${HOST_FLAGS:-}
+PORT_HOST=${PORT_HOST:-18104}
 PORT_PROGRAM=${PORT_PROGRAM:-18101}
 PORT_REQUEST=${PORT_REQUEST:-18102}
 PORT_VLLM=${PORT_VLLM:-18103}
@@ -130,11 +135,16 @@ if [ "$have_vllm" = yes ]; then
   targets+=(--target "vllm=http://127.0.0.1:$PORT_VLLM")
 fi
 
-for policy in request program; do
-  port=$PORT_REQUEST; extra=()
+policies=(request program)
+[ -n "$HOST_FLAGS" ] && policies+=(host)
+for policy in "${policies[@]}"; do
+  port=$PORT_REQUEST; extra=(); sched=$policy
   if [ "$policy" = program ]; then port=$PORT_PROGRAM; read -r -a extra <<<"$PROGRAM_FLAGS"; fi
+  if [ "$policy" = host ]; then
+    port=$PORT_HOST; sched=program; read -r -a extra <<<"$PROGRAM_FLAGS $HOST_FLAGS"
+  fi
   RUST_LOG=${RUST_LOG:-warn} "$AGENTD" serve --model "$MODEL_DIR" --dtype float32 \
-    --scheduler "$policy" --num-kv-blocks "$KV_BLOCKS" --block-size "$BLOCK" \
+    --scheduler "$sched" --num-kv-blocks "$KV_BLOCKS" --block-size "$BLOCK" \
     --max-num-seqs "$MAX_NUM_SEQS" --max-num-batched-tokens "$BATCH_TOKENS" \
     --max-model-len "$MAX_MODEL_LEN" --max-waiting 100000 \
     --host 127.0.0.1 --port "$port" "${extra[@]}" >"$WORK/agentd-$policy.log" 2>&1 &
@@ -168,7 +178,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "- Model: \`$CARD\` (random weights, float32), $BYTES_PER_TOKEN bytes of KV per token."
   echo "- KV capacity: $((KV_BLOCKS * BLOCK)) tokens for every server ($KV_BLOCKS blocks of $BLOCK; vLLM --kv-cache-memory-bytes $KV_BYTES; $vllm_kv_line)."
   echo "- Workload: $WORKLOAD preset scaled: system $SYSTEM_TOKENS, task $TASK_TOKENS, turns $TURNS, tool output $TOOL_TOKENS, output $OUTPUT_TOKENS tokens, tool time $TOOL_TIME; seed $SEED."
-  echo "- agentd program scheduler flags: ${PROGRAM_FLAGS:-none}; both agentd servers: --max-num-batched-tokens $BATCH_TOKENS (vLLM the same)."
+  echo "- agentd program scheduler flags: ${PROGRAM_FLAGS:-none}; agentd-host (when run): the same plus ${HOST_FLAGS:-(not run)}; every agentd server: --max-num-batched-tokens $BATCH_TOKENS (vLLM the same)."
   echo "- Each level: $WARMUP s warm-up, then $DURATION s measured; concurrency $CONC."
   echo
   echo "\`\`\`"

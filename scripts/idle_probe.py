@@ -8,6 +8,10 @@ response.
 
     python3 scripts/idle_probe.py http://127.0.0.1:8000 --programs 64 --turns 5
 
+A burst (issue 12: first responses under a burst of programs with contexts
+spread 1k-8k tokens): `--task 1000 --task-max 8000` draws each program's
+task length uniformly in that range; `first_max_over_p50` is the criterion.
+
 Standard library only (the CI machine's python has no extras). Token-id
 prompts on /v1/completions, greedy, ignore_eos: exact context sizes.
 """
@@ -57,7 +61,8 @@ def program(args, i, lat, first, errors):
     rng = random.Random(args.seed * 1000 + i)
     # A shared system prompt, then the program's own task.
     ctx = list(range(1, args.system + 1))
-    ctx += [rng.randrange(1, args.vocab) for _ in range(args.task)]
+    task = rng.randint(args.task, max(args.task, args.task_max or 0))
+    ctx += [rng.randrange(1, args.vocab) for _ in range(task)]
     pid = f"probe-{args.seed}-{i}"
     for turn in range(args.turns):
         body = {"model": args.model, "prompt": ctx, "max_tokens": args.output,
@@ -87,6 +92,8 @@ def main():
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--system", type=int, default=64)
     ap.add_argument("--task", type=int, default=96)
+    ap.add_argument("--task-max", type=int, default=None,
+                    help="draw each program's task length uniformly in [--task, --task-max]")
     ap.add_argument("--output", type=int, default=16)
     ap.add_argument("--tool-tokens", type=int, default=48)
     ap.add_argument("--tool-s", type=float, default=2.0, help="mean tool time (exponential)")
@@ -129,6 +136,7 @@ def main():
         "max_waiting_when_idle": max((s[1] for s in idle), default=0),
         "turn_p50_s": round(pct(lat, 0.5), 3), "turn_p99_s": round(pct(lat, 0.99), 3),
         "first_p50_s": round(pct(first, 0.5), 3), "first_max_s": round(max(first, default=0), 3),
+        "first_max_over_p50": round(max(first, default=0) / pct(first, 0.5), 2) if first else None,
         "errors": len(errors),
     }
     print(json.dumps(res))

@@ -39,6 +39,10 @@ pub struct SimulateArgs {
     /// KV capacity per replica in tokens (default: an H100 with Qwen3-8B in FP8).
     #[arg(long, default_value_t = H100_QWEN3_8B_FP8_KV_TOKENS)]
     kv_tokens: usize,
+    /// Host-tier capacity per replica in tokens (0: none): evicted cached
+    /// blocks are copied there and back over PCIe instead of recomputed.
+    #[arg(long, default_value_t = 0)]
+    host_kv_tokens: usize,
     /// Tokens of one step's budget (max_num_batched_tokens).
     #[arg(long, default_value_t = 8192)]
     max_batched_tokens: usize,
@@ -76,6 +80,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             cfg.warmup_s = args.warmup_s.unwrap_or(args.duration_s * 0.1);
             cfg.seed = args.seed;
             cfg.kv_tokens = args.kv_tokens;
+            cfg.host_kv_tokens = args.host_kv_tokens;
             cfg.block_size = args.sched.block_size;
             cfg.max_batched_tokens = args.max_batched_tokens;
             cfg.cost = StepCost::default();
@@ -133,6 +138,7 @@ fn table(runs: &[RunResult], policies: &[PolicyKind]) -> Table {
         "hit".into(),
         "ideal".into(),
         "recomputed".into(),
+        "copied".into(),
         "pauses".into(),
         "restores".into(),
         "preempt".into(),
@@ -162,6 +168,7 @@ fn table(runs: &[RunResult], policies: &[PolicyKind]) -> Table {
             format!("{:.3}", r.prefix_hit_rate),
             format!("{:.3}", r.ideal_hit_rate),
             r.recomputed_tokens.to_string(),
+            r.copied_tokens.to_string(),
             r.pauses.to_string(),
             r.restores.to_string(),
             r.preemptions.to_string(),

@@ -15,6 +15,9 @@
 //! * `kv_read_s` — a decode step reads each sequence's whole KV: 72 KiB per
 //!   token (36 layers × 8 KV heads × 128 dims × 2 (K,V) × 1 byte) at 3.35 TB/s
 //!   ≈ 22 ns per context token.
+//! * `copy_token_s` — moving one token's 72 KiB between HBM and the host
+//!   tier over PCIe Gen5 x16 at ~25 GB/s effective ≈ 3 ns; the engine's copies
+//!   run before the forward, so they add to the step.
 
 /// Step-time constants (seconds).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,6 +26,7 @@ pub struct StepCost {
     pub per_token_s: f64,
     pub attn_pair_s: f64,
     pub kv_read_s: f64,
+    pub copy_token_s: f64,
 }
 
 impl Default for StepCost {
@@ -32,6 +36,7 @@ impl Default for StepCost {
             per_token_s: 25.0e-6,
             attn_pair_s: 1.5e-9,
             kv_read_s: 22.0e-9,
+            copy_token_s: 3.0e-9,
         }
     }
 }
@@ -45,6 +50,8 @@ pub struct StepShape {
     pub prefill_pairs: f64,
     /// Context tokens read by decoding sequences.
     pub decode_context: usize,
+    /// Tokens copied between the KV tiers before the forward.
+    pub copied_tokens: usize,
 }
 
 impl StepShape {
@@ -64,6 +71,7 @@ impl StepCost {
             + self.per_token_s * s.tokens as f64
             + self.attn_pair_s * s.prefill_pairs
             + self.kv_read_s * s.decode_context as f64
+            + self.copy_token_s * s.copied_tokens as f64
     }
 }
 

@@ -132,7 +132,8 @@ impl Simulation {
             cfg.block_size,
             0,
             cfg.check_invariants,
-        );
+        )
+        .with_host_tier(cfg.host_kv_tokens / cfg.block_size);
         let replicas = (0..cfg.replicas)
             .map(|_| Replica {
                 busy: false,
@@ -415,6 +416,8 @@ impl Simulation {
             engine_steps: m.engine_steps,
             mean_kv_usage: m.mean_usage(),
             kv_tokens: self.cfg.kv_tokens,
+            host_kv_tokens: self.cfg.host_kv_tokens,
+            copied_tokens: m.copied_tokens,
             duration_s: self.cfg.duration_s,
             wall_s,
         }

@@ -38,6 +38,10 @@ pub struct SimConfig {
     pub seed: u64,
     /// KV capacity of each replica, in tokens.
     pub kv_tokens: usize,
+    /// Host-tier capacity behind each replica's pool, in tokens (0: none):
+    /// evicted cached blocks are copied there and back, at
+    /// [`StepCost::copy_token_s`] each.
+    pub host_kv_tokens: usize,
     pub block_size: usize,
     /// Token budget of one step (vLLM's `max_num_batched_tokens`).
     pub max_batched_tokens: usize,
@@ -57,6 +61,7 @@ impl SimConfig {
             warmup_s: 300.0,
             seed: 1,
             kv_tokens: H100_QWEN3_8B_FP8_KV_TOKENS,
+            host_kv_tokens: 0,
             block_size: 16,
             max_batched_tokens: 8192,
             cost: StepCost::default(),

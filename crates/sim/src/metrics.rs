@@ -9,6 +9,8 @@ pub(crate) struct Metrics {
     pub hit_tokens: u64,
     pub ideal_hit_tokens: u64,
     pub recomputed_tokens: u64,
+    /// Tokens copied between the KV tiers (host tier only).
+    pub copied_tokens: u64,
     pub latencies: Vec<f64>,
     /// Latencies of programs' first requests (admission of a new program).
     pub first_latencies: Vec<f64>,

@@ -45,6 +45,9 @@ pub struct RunResult {
     pub engine_steps: u64,
     pub mean_kv_usage: f64,
     pub kv_tokens: usize,
+    /// Host tier per replica (tokens), and tokens copied between the tiers.
+    pub host_kv_tokens: usize,
+    pub copied_tokens: u64,
     pub duration_s: f64,
     pub wall_s: f64,
 }

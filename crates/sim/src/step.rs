@@ -33,7 +33,15 @@ impl Simulation {
             self.cfg.max_batched_tokens,
             &SimCtx(&self.programs),
         );
-        let mut shape = StepShape::default();
+        // Copies decided since this replica's last step (its admissions,
+        // and starts at arrival), carried out before the forward.
+        let mut shape = StepShape {
+            copied_tokens: self.core.kv[r].drain_copies().len() * self.cfg.block_size,
+            ..StepShape::default()
+        };
+        if self.metrics.in_window(self.now) {
+            self.metrics.copied_tokens += shape.copied_tokens as u64;
+        }
         for s in &plan.seqs {
             let Some(prog) = self.programs.get_mut(&s.program) else {
                 continue;

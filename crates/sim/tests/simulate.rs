@@ -156,3 +156,34 @@ fn rollout_groups_complete_and_share_their_task() {
         r.steps_per_min
     );
 }
+
+/// With a host tier, the request policy's thrashing becomes copies: far less
+/// is recomputed, the hit rate rises, and the copies are counted (and cost
+/// step time). (The host tier's invariants are checked by the kv crate's
+/// property test; checking its 62k slots every step here took a minute.)
+#[test]
+fn a_host_tier_turns_recompute_into_copies() {
+    let mut without = config(PolicyKind::Request, 24);
+    without.duration_s = 300.0;
+    let mut with = without.clone();
+    // Room for every program's context (the device pool holds 100k tokens).
+    with.host_kv_tokens = 1_000_000;
+    let (a, b) = (
+        run(&without).expect("runs"),
+        run(&with).expect("runs with a host tier"),
+    );
+    assert_eq!(a.copied_tokens, 0);
+    assert!(b.copied_tokens > 0, "{b:?}");
+    assert!(
+        b.recomputed_tokens * 2 < a.recomputed_tokens,
+        "recomputed {} with the tier vs {} without",
+        b.recomputed_tokens,
+        a.recomputed_tokens
+    );
+    assert!(
+        b.prefix_hit_rate > a.prefix_hit_rate,
+        "{} vs {}",
+        b.prefix_hit_rate,
+        a.prefix_hit_rate
+    );
+}
