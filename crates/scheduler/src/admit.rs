@@ -66,15 +66,10 @@ impl Room {
         need >= self.failed[victims as usize]
     }
 
-    fn note(&mut self, victims: Victims, need: f64, grouped: bool, made: Option<usize>) {
-        match made {
-            // Room was freed: what failed before may fit now.
-            Some(_) => self.failed = [f64::INFINITY; 2],
-            None if !grouped => {
-                let f = &mut self.failed[victims as usize];
-                *f = f.min(need);
-            }
-            None => {}
+    fn note_failed(&mut self, victims: Victims, need: f64, grouped: bool) {
+        if !grouped {
+            let f = &mut self.failed[victims as usize];
+            *f = f.min(need);
         }
     }
 }
@@ -214,11 +209,11 @@ impl ProgramScheduler {
         if best.is_none() && here && room.running[l] == 0 {
             let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
             if waited >= self.cfg.idle_reclaim_after_s {
-                best = self.try_make_room(l, now, mem, need, room, &unit, Victims::Acting, out);
+                best = self.make_room(l, now, mem, need, room, &unit, Victims::Acting, out);
             }
         }
         if best.is_none() && here && self.overdue(p, now) {
-            best = self.try_make_room(l, now, mem, need, room, &unit, Victims::Resident, out);
+            best = self.make_room(l, now, mem, need, room, &unit, Victims::Resident, out);
         }
         if best.is_none() && sticky.is_some() {
             return true;
@@ -320,37 +315,12 @@ impl ProgramScheduler {
         }
     }
 
-    /// [`Self::make_room`] unless this decision already saw it fail for a
-    /// need no larger (see [`Room::failed`]).
-    #[allow(clippy::too_many_arguments)]
-    fn try_make_room(
-        &mut self,
-        l: usize,
-        now: f64,
-        mem: &dyn Memory,
-        need: f64,
-        room: &mut Room,
-        unit: &[ProgramId],
-        victims: Victims,
-        out: &mut Decision,
-    ) -> Option<usize> {
-        if room.known_to_fail(victims, need) {
-            return None;
-        }
-        let grouped = unit
-            .first()
-            .and_then(|u| self.programs.get(u))
-            .is_some_and(|u| u.group.is_some());
-        let made = self.make_room(l, now, mem, need, room, unit, victims, out);
-        room.note(victims, need, grouped, made);
-        made
-    }
-
     /// Pauses programs of `l` (acting only, or any resident for at least
     /// `max_wait_s`; pause order: acting first, shortest first) until a unit
     /// needing `need` blocks fits, or fits the emptied replica. Pauses
     /// nothing and returns `None` when even pausing every eligible program
-    /// would not make room.
+    /// would not make room — nor when this decision already saw it fail for
+    /// a need no larger ([`Room::failed`]).
     #[allow(clippy::too_many_arguments)]
     fn make_room(
         &mut self,
@@ -375,6 +345,13 @@ impl ProgramScheduler {
             };
             ok && !in_unit_group && !out.pause.contains(&id)
         };
+        if room.known_to_fail(victims, need) {
+            return None;
+        }
+        let grouped = unit
+            .first()
+            .and_then(|u| self.programs.get(u))
+            .is_some_and(|u| u.group.is_some());
         let order: Vec<(ProgramId, f64)> = self
             .pause_order(l, now, mem)
             .into_iter()
@@ -382,6 +359,7 @@ impl ProgramScheduler {
             .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem)))
             .collect();
         if order.is_empty() {
+            room.note_failed(victims, need, grouped);
             return None;
         }
         let left = self.cfg.lambda_min * mem.capacity(l) as f64 - room.tentative[l];
@@ -392,6 +370,7 @@ impl ProgramScheduler {
         let reserve = self.cfg.decode_reserve_blocks as f64;
         let fits_empty = empties && need - reserve <= mem.capacity(l) as f64;
         if need > left + total && !fits_empty {
+            room.note_failed(victims, need, grouped);
             return None;
         }
         let mut freed = 0.0;
@@ -418,6 +397,8 @@ impl ProgramScheduler {
         room.tentative[l] -= freed;
         self.demand[l].0 -= freed;
         room.empty[l] = self.active[l].is_empty();
+        // Room was freed: what failed before may fit now.
+        room.failed = [f64::INFINITY; 2];
         Some(l)
     }
 }
