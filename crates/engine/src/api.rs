@@ -3,8 +3,9 @@
 
 use agentd_models::{InvalidSampling, SamplingParams};
 
-/// One generation request of a program.
-#[derive(Debug, Clone)]
+/// One generation request of a program. The default is an empty one-off
+/// request with default sampling: no program, group, tool, salt or parent.
+#[derive(Debug, Clone, Default)]
 pub struct GenerateRequest {
     /// The client's program id (body `program_id`, `extra_body.program_id` or
     /// the `X-Session-ID` header). `None` makes the request a one-off program

@@ -37,10 +37,7 @@ fn submit(
             ..SamplingParams::greedy()
         },
         final_request: last,
-        parent_program: None,
-        cache_salt: 0,
-        group: None,
-        tool: None,
+        ..GenerateRequest::default()
     })
     .expect("accepted")
 }

@@ -63,11 +63,7 @@ fn run(engine: &Engine, program: &str, prompt: Vec<u32>) -> (Vec<u32>, FinishRea
                 ignore_eos: true,
                 ..SamplingParams::greedy()
             },
-            final_request: false,
-            parent_program: None,
-            cache_salt: 0,
-            group: None,
-            tool: None,
+            ..GenerateRequest::default()
         })
         .expect("accepted");
     let mut toks = Vec::new();

@@ -45,7 +45,12 @@ impl KvCacheConfig {
 
     /// Floats of K (or of V) in one layer.
     fn layer_len(&self) -> usize {
-        self.num_blocks * self.num_kv_heads * self.block_size * self.head_dim
+        self.num_blocks * self.block_len()
+    }
+
+    /// Floats of K (or of V) of one block in one layer.
+    fn block_len(&self) -> usize {
+        self.num_kv_heads * self.block_size * self.head_dim
     }
 
     /// Bytes of one block across all layers, K and V.
@@ -170,15 +175,11 @@ impl PagedKvCache {
                 from.cfg
             )));
         }
-        for (b, n) in [(src, from.cfg.num_blocks), (dst, c.num_blocks)] {
-            if b as usize >= n {
-                return Err(ModelError::CacheMismatch(format!(
-                    "block id {b} >= cache size {n}"
-                )));
-            }
-        }
-        let n = c.num_kv_heads * c.block_size * c.head_dim;
-        let (s, d) = (src as usize * n, dst as usize * n);
+        let (s, d, n) = (
+            from.block_start(src)?,
+            self.block_start(dst)?,
+            c.block_len(),
+        );
         for (to, fr) in self.layers.iter_mut().zip(&from.layers) {
             to.k[d..d + n].copy_from_slice(&fr.k[s..s + n]);
             to.v[d..d + n].copy_from_slice(&fr.v[s..s + n]);
@@ -186,20 +187,25 @@ impl PagedKvCache {
         Ok(())
     }
 
+    /// Where block `b` starts in each layer's K (and V) vector.
+    fn block_start(&self, b: u32) -> Result<usize> {
+        let n = self.cfg.num_blocks;
+        if b as usize >= n {
+            return Err(ModelError::CacheMismatch(format!(
+                "block id {b} >= cache size {n}"
+            )));
+        }
+        Ok(b as usize * self.cfg.block_len())
+    }
+
     /// Copies block `src` onto block `dst` in every layer (copy-on-write of a
     /// shared tail block by the allocator).
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
-        let c = self.cfg;
-        let n = c.num_kv_heads * c.block_size * c.head_dim;
-        for b in [src, dst] {
-            if b as usize >= c.num_blocks {
-                return Err(ModelError::CacheMismatch(format!(
-                    "block id {b} >= cache size {}",
-                    c.num_blocks
-                )));
-            }
-        }
-        let (s, d) = (src as usize * n, dst as usize * n);
+        let (s, d, n) = (
+            self.block_start(src)?,
+            self.block_start(dst)?,
+            self.cfg.block_len(),
+        );
         for l in &mut self.layers {
             l.k.copy_within(s..s + n, d);
             l.v.copy_within(s..s + n, d);
