@@ -48,9 +48,11 @@ REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-300}
 # benches/results/kv32k-tool3s/).
 PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.8}
 # A third agentd target when set: the program scheduler with these flags as
-# well, e.g. a host KV tier with bounded waiting
-# (HOST_FLAGS="--num-host-kv-blocks 16384 --max-wait-s 3").
+# well, e.g. a host KV tier, which also turns on the measured waiting bound
+# (HOST_FLAGS="--num-host-kv-blocks 16384").
 HOST_FLAGS=${HOST_FLAGS:-}
+# The agentd targets to run (a subset of "request program host").
+POLICIES=${POLICIES:-request program}
 PORT_HOST=${PORT_HOST:-18104}
 PORT_PROGRAM=${PORT_PROGRAM:-18101}
 PORT_REQUEST=${PORT_REQUEST:-18102}
@@ -135,8 +137,8 @@ if [ "$have_vllm" = yes ]; then
   targets+=(--target "vllm=http://127.0.0.1:$PORT_VLLM")
 fi
 
-policies=(request program)
-[ -n "$HOST_FLAGS" ] && policies+=(host)
+read -r -a policies <<<"$POLICIES"
+[ -n "$HOST_FLAGS" ] && [[ " $POLICIES " != *" host "* ]] && policies+=(host)
 for policy in "${policies[@]}"; do
   port=$PORT_REQUEST; extra=(); sched=$policy
   if [ "$policy" = program ]; then port=$PORT_PROGRAM; read -r -a extra <<<"$PROGRAM_FLAGS"; fi

@@ -54,6 +54,12 @@ pub struct SchedulerArgs {
     /// when oversubscribed). Off (`inf`) by default.
     #[arg(long, default_value_t = DEFAULTS.max_wait_s)]
     pub max_wait_s: f64,
+    /// The measured waiting bound, used without --max-wait-s: with a host
+    /// KV tier, a program queued this many median turn times rotates out
+    /// an acting program resident as long, while the tier keeps the
+    /// contexts rotated out. No effect without a tier; `inf` turns it off.
+    #[arg(long, default_value_t = DEFAULTS.rotate_after_turns)]
+    pub rotate_after_turns: f64,
     /// How long a group announced with a size (`n` choices, `group_size`)
     /// waits for its missing members before it is admitted without them.
     #[arg(long, default_value_t = DEFAULTS.group_gather_s)]
@@ -81,6 +87,7 @@ impl SchedulerArgs {
             idle_reclaim_after_s: self.idle_reclaim_after_s,
             max_bypass: self.max_bypass,
             max_wait_s: self.max_wait_s,
+            rotate_after_turns: self.rotate_after_turns,
             group_gather_s: self.group_gather_s,
             tool_decay_base: self.tool_decay_base,
             ..SchedulerConfig::default()

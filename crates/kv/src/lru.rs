@@ -62,6 +62,23 @@ impl Lru {
         self.len += 1;
     }
 
+    /// First to be evicted: the head.
+    pub fn push_front(&mut self, i: u32) {
+        debug_assert!(!self.contains(i));
+        self.links[i as usize] = Links {
+            prev: NIL,
+            next: self.head,
+            linked: true,
+        };
+        if self.head == NIL {
+            self.tail = i;
+        } else {
+            self.links[self.head as usize].prev = i;
+        }
+        self.head = i;
+        self.len += 1;
+    }
+
     pub fn pop_front(&mut self) -> Option<u32> {
         if self.head == NIL {
             return None;
@@ -130,5 +147,20 @@ mod tests {
         l.remove(0);
         assert_eq!(l.pop_front(), None);
         assert_eq!(l.len(), 0);
+    }
+
+    #[test]
+    fn push_front_is_evicted_first() {
+        let mut l = Lru::new(4);
+        l.push_front(2);
+        l.push_back(0);
+        l.push_front(3);
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![3, 2, 0]);
+        l.remove(3);
+        assert_eq!(l.pop_front(), Some(2));
+        assert_eq!(l.pop_front(), Some(0));
+        assert_eq!(l.pop_front(), None);
+        l.push_front(1);
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![1]);
     }
 }

@@ -161,7 +161,7 @@ impl BlockPool {
         // Looked up after allocating: the allocation's own offload may
         // have taken `h`'s slot (a tier of one slot), and then its content
         // is gone.
-        let Some(slot) = self.host.as_mut().and_then(|t| t.lookup(h)) else {
+        let Some(slot) = self.host.as_mut().and_then(|t| t.onload_slot(h)) else {
             self.release(b, owner);
             return None;
         };

@@ -2,7 +2,9 @@
 //! replica `l`.
 //!
 //! Candidates come in this order:
-//! 1. *overdue* programs — queued at least `max_wait_s` — oldest first;
+//! 1. *overdue* programs — queued at least the waiting bound `T`
+//!    (`max_wait_s`, or `rotate_after_turns` median turns with a host tier:
+//!    `rotation.rs`) — oldest first;
 //! 2. the queue's own order: restores before new programs, shortest first
 //!    with aging.
 //!
@@ -15,8 +17,9 @@
 //!   never idles while a waiting program would fit once its tool-waiting
 //!   programs let go;
 //! * **bounded waiting** — if it is overdue, programs of `l` resident for at
-//!   least `max_wait_s` are paused for it, acting ones first, then reasoning
-//!   ones (pause order within each);
+//!   least `T` are paused for it, acting ones first, then reasoning ones
+//!   (pause order within each); under the measured bound only acting ones,
+//!   and only while the host tier keeps what they park (`rotation.rs`);
 //! * otherwise the first unit that fits nowhere reserves the replica with
 //!   the most room (EASY backfilling): nothing behind it is placed there
 //!   until it runs, while smaller programs may use the others.
@@ -36,6 +39,7 @@
 //! replica's λmin·C is admitted member by member.
 
 use crate::program::Program;
+use crate::rotation::WaitBound;
 use crate::{Decision, Memory, Phase, Placement, ProgramId, ProgramScheduler, State};
 use tracing::debug;
 
@@ -59,6 +63,10 @@ struct Room {
     /// (pause order, exclusive blocks of every resident), up to 200 µs of
     /// the engine lock in a decision that admitted nothing.
     failed: [f64; 2],
+    /// The waiting bound of this decision (`rotation.rs`).
+    wait: WaitBound,
+    /// Blocks parked per replica, measured when a rotation first asks.
+    parked: Vec<Option<f64>>,
 }
 
 impl Room {
@@ -96,8 +104,10 @@ impl ProgramScheduler {
             empty: (0..n).map(|r| self.active[r].is_empty()).collect(),
             reserved: vec![false; n],
             failed: [f64::INFINITY; 2],
+            wait: self.wait_bound(mem),
+            parked: vec![None; n],
         };
-        for p in self.candidates(now) {
+        for p in self.candidates(now, room.wait.after_s) {
             // Admitted already with its group, or paused by this very
             // decision: its blocks are still referenced in `mem` (the engine
             // has not applied the pause yet), so `need` would count them as
@@ -112,10 +122,10 @@ impl ProgramScheduler {
     }
 
     /// Overdue programs oldest first, then the queue's order.
-    fn candidates(&self, now: f64) -> Vec<ProgramId> {
+    fn candidates(&self, now: f64, after_s: f64) -> Vec<ProgramId> {
         let mut v: Vec<ProgramId> = self
             .queue
-            .overdue(now - self.cfg.max_wait_s, self.cfg.max_bypass)
+            .overdue(now - after_s, self.cfg.max_bypass)
             .take(MAX_ADMITS_PER_STEP)
             .collect();
         let rest: Vec<ProgramId> = self
@@ -128,20 +138,21 @@ impl ProgramScheduler {
         v
     }
 
-    /// Queued for `max_wait_s`: it may pause programs for room.
-    fn overdue(&self, p: ProgramId, now: f64) -> bool {
+    /// Queued for the waiting bound: it may pause programs for room.
+    fn overdue(&self, p: ProgramId, now: f64, after_s: f64) -> bool {
         self.queue
             .enqueued_at(p)
-            .is_some_and(|at| now - at >= self.cfg.max_wait_s)
+            .is_some_and(|at| now - at >= after_s)
     }
 
     /// `p` and the other waiting members of its group, `p` first; `None`
     /// while an announced group still gathers its members.
-    fn unit(&self, p: ProgramId, now: f64) -> Option<Vec<ProgramId>> {
+    fn unit(&self, p: ProgramId, now: f64, after_s: f64) -> Option<Vec<ProgramId>> {
         let Some(g) = self.programs.get(&p).and_then(|q| q.group) else {
             return Some(vec![p]);
         };
-        if self.groups.gathering(g, now, self.cfg.group_gather_s) && !self.overdue(p, now) {
+        if self.groups.gathering(g, now, self.cfg.group_gather_s) && !self.overdue(p, now, after_s)
+        {
             return None;
         }
         let mut unit = vec![p];
@@ -190,7 +201,7 @@ impl ProgramScheduler {
             self.queue.remove(p);
             return true;
         };
-        let Some(mut unit) = self.unit(p, now) else {
+        let Some(mut unit) = self.unit(p, now, room.wait.after_s) else {
             return true;
         };
         let (mut need, own_survives) = self.unit_need(&unit, now, mem);
@@ -212,7 +223,7 @@ impl ProgramScheduler {
                 best = self.make_room(l, now, mem, need, room, &unit, Victims::Acting, out);
             }
         }
-        if best.is_none() && here && self.overdue(p, now) {
+        if best.is_none() && here && self.overdue(p, now, room.wait.after_s) {
             best = self.make_room(l, now, mem, need, room, &unit, Victims::Resident, out);
         }
         if best.is_none() && sticky.is_some() {
@@ -341,7 +352,7 @@ impl ProgramScheduler {
                 .is_some_and(|g| q.group == Some(g));
             let ok = match victims {
                 Victims::Acting => q.phase == Phase::Acting,
-                Victims::Resident => now - q.admitted_at >= self.cfg.max_wait_s,
+                Victims::Resident => self.rotatable(q, now, room.wait),
             };
             ok && !in_unit_group && !out.pause.contains(&id)
         };
@@ -352,11 +363,11 @@ impl ProgramScheduler {
             .first()
             .and_then(|u| self.programs.get(u))
             .is_some_and(|u| u.group.is_some());
-        let order: Vec<(ProgramId, f64)> = self
+        let order: Vec<(ProgramId, f64, usize)> = self
             .pause_order(l, now, mem)
             .into_iter()
             .filter(|&(q, _, _)| self.programs.get(&q).is_some_and(|x| eligible(x, q)))
-            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem)))
+            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem), held))
             .collect();
         if order.is_empty() {
             room.note_failed(victims, need, grouped);
@@ -373,11 +384,21 @@ impl ProgramScheduler {
             room.note_failed(victims, need, grouped);
             return None;
         }
-        let mut freed = 0.0;
-        for (q, w) in order {
-            if need <= left + freed {
-                break;
+        // The victims: a prefix of the pause order.
+        let (mut freed, mut k) = (0.0, 0);
+        while k < order.len() && need > left + freed {
+            freed += order[k].1;
+            k += 1;
+        }
+        if victims == Victims::Resident && room.wait.gated {
+            let parked = *room.parked[l].get_or_insert_with(|| self.parked_blocks(l, mem));
+            if !self.tier_keeps(l, parked, order[..k].iter().map(|v| v.2), unit, mem) {
+                room.note_failed(victims, need, grouped);
+                return None;
             }
+            room.parked[l] = None;
+        }
+        for &(q, _, _) in &order[..k] {
             debug!(replica = l, program = %q, need, ?victims, "make room: pause");
             if self
                 .programs
@@ -392,7 +413,6 @@ impl ProgramScheduler {
                 Victims::Resident => self.stats.overdue_pauses += 1,
             }
             out.pause.push(q);
-            freed += w;
         }
         room.tentative[l] -= freed;
         self.demand[l].0 -= freed;
@@ -408,6 +428,7 @@ impl ProgramScheduler {
 enum Victims {
     /// Work conservation: tool-waiting programs only.
     Acting = 0,
-    /// Bounded waiting: any program resident for at least `max_wait_s`.
+    /// Bounded waiting: programs resident for at least the bound
+    /// ([`ProgramScheduler::rotatable`]).
     Resident = 1,
 }

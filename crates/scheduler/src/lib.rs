@@ -27,6 +27,7 @@ mod program_policy;
 mod queue;
 mod replica_set;
 mod request_policy;
+mod rotation;
 mod tools;
 
 pub use agentd_kv::ProgramId;

@@ -23,6 +23,10 @@ pub trait Memory {
     fn shared_prefix(&self, home: usize, p: ProgramId) -> usize;
     /// Whether block `i` of `p`'s chain is still cached on `home`.
     fn chain_block_cached(&self, home: usize, p: ProgramId, i: usize) -> bool;
+    /// Block slots of the host tier behind replica `r`'s pool (0: none).
+    fn host_capacity(&self, _r: usize) -> usize {
+        0
+    }
 }
 
 /// [`Memory`] over the engine's per-replica caches.
@@ -55,5 +59,8 @@ impl Memory for Replicas<'_> {
     }
     fn chain_block_cached(&self, home: usize, p: ProgramId, i: usize) -> bool {
         self.0[home].is_cached(self.0[home].program_hashes(p), i)
+    }
+    fn host_capacity(&self, r: usize) -> usize {
+        self.0[r].pool().host().map_or(0, |t| t.num_slots())
     }
 }

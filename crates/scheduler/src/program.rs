@@ -47,6 +47,8 @@ pub(crate) struct Program {
     pub context_tokens: usize,
     pub in_flight: u32,
     pub acting_since: f64,
+    /// When its current turn's first request arrived (turn times).
+    pub request_at: f64,
     pub last_activity: f64,
     pub steps: u64,
     /// True once it has been admitted at least once (restore vs. first admission).
@@ -75,6 +77,7 @@ impl Program {
             context_tokens,
             in_flight: 0,
             acting_since: now,
+            request_at: now,
             last_activity: now,
             steps: 0,
             admitted_once: false,

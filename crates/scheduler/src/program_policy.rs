@@ -21,6 +21,7 @@ use tracing::debug;
 use crate::groups::{GroupJoin, GroupTable};
 use crate::program::Program;
 use crate::queue::{QueueClass, WaitingQueue};
+use crate::rotation::TurnTimes;
 use crate::tools::{ToolId, ToolTable};
 use crate::{
     Decision, Memory, Phase, Policy, PolicyStats, ProgramId, ProgramInfo, Route, SchedulerConfig,
@@ -41,6 +42,8 @@ pub struct ProgramScheduler {
     pub(crate) demand: Vec<(f64, f64)>,
     pub(crate) groups: GroupTable,
     pub(crate) tools: ToolTable,
+    /// Recent turn times: the period of the measured waiting bound.
+    pub(crate) turns: TurnTimes,
     pub(crate) stats: PolicyStats,
 }
 
@@ -56,6 +59,7 @@ impl ProgramScheduler {
             demand: vec![(0.0, f64::NEG_INFINITY); num_replicas.max(1)],
             groups: GroupTable::default(),
             tools: ToolTable::default(),
+            turns: TurnTimes::default(),
             stats: PolicyStats::default(),
         }
     }
@@ -315,6 +319,9 @@ impl Policy for ProgramScheduler {
             prog.context_tokens = context_tokens;
             prog.last_activity = now;
             prog.phase = Phase::Reasoning;
+            if prog.in_flight == 0 {
+                prog.request_at = now;
+            }
             prog.in_flight += 1;
         });
         let Some(prog) = self.programs.get_mut(&p) else {
@@ -340,6 +347,7 @@ impl Policy for ProgramScheduler {
     }
 
     fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
+        self.record_turn(p, now);
         self.update(p, |prog| {
             prog.in_flight = prog.in_flight.saturating_sub(1);
             prog.context_tokens = context_tokens;

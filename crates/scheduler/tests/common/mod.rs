@@ -126,6 +126,14 @@ impl<P: Policy> Engine<P> {
         }
     }
 
+    /// The same engine with a host KV tier of `slots` blocks per replica.
+    pub fn with_host_tier(self, slots: usize) -> Self {
+        Self {
+            core: self.core.with_host_tier(slots),
+            ..self
+        }
+    }
+
     /// Tokens unique to `p` (so programs share nothing unless told to).
     pub fn own_tokens(&self, p: ProgramId, n: usize) -> Vec<u32> {
         let from = self.ctx.get(&p).map_or(0, Vec::len) as u32;

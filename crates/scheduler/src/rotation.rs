@@ -1,0 +1,173 @@
+//! The waiting bound's period, and what a rotation may cost (issue 12).
+//!
+//! Bounded waiting (`admit.rs`) pauses residents for *overdue* programs, so
+//! that residency rotates instead of some programs waiting without bound.
+//! Each rotated-out context must come back: by copies from the host KV tier
+//! when the tier still holds it, else by recompute. Two rules make that
+//! rotation cheap by construction rather than by tuning:
+//!
+//! * **The period follows the step.** With `rotate_after_turns = k` the
+//!   bound is `k` median *turn* times (a request's time from arrival, or
+//!   its program's restore, to its last token), measured by the scheduler
+//!   itself from the `now`s it is given: one flag fits a 1.5 s swe step on
+//!   a CPU and a 20 s long-context step alike (a fixed 3 s bound rotated the
+//!   CPU long workload mid-turn).
+//! * **Rotation is bounded by the tier.** A resident is paused for an
+//!   overdue program only while the contexts parked on that replica (its
+//!   paused programs', which only the tiers keep) fit
+//!   [`HOST_KEEP_FRACTION`] of its host tier afterwards, and only while it
+//!   is acting (between turns: a turn is never cut for rotation). Past that
+//!   the tier would drop the contexts due back next and every rotation
+//!   would recompute (`agentd simulate` swe at 192 programs collapsed from
+//!   313 to 21.6 steps/min with a 10 s bound); instead the program policy
+//!   falls back to its waiting order. With no tier nothing is rotated, and
+//!   the policy is exactly the one without this bound.
+//!
+//! An explicit `max_wait_s` is the user's hard bound: it rotates whatever
+//! the tier holds (`admit.rs` states its guarantee).
+
+use crate::program::Program;
+use crate::{Memory, Phase, ProgramId, ProgramScheduler, State};
+
+/// Part of a host tier that contexts parked by rotation may fill: the
+/// rest absorbs blocks shared by several programs (counted once per
+/// program here) and the copies of onloaded blocks.
+pub(crate) const HOST_KEEP_FRACTION: f64 = 0.9;
+
+/// Turns whose times the median is taken over.
+const TURN_WINDOW: usize = 64;
+/// Turns measured before the period is known (and rotation starts).
+const MIN_TURNS: usize = 8;
+
+/// The last [`TURN_WINDOW`] turn times and their median.
+#[derive(Debug, Default)]
+pub(crate) struct TurnTimes {
+    ring: Vec<f64>,
+    next: usize,
+    median: Option<f64>,
+}
+
+impl TurnTimes {
+    pub fn record(&mut self, seconds: f64) {
+        if !seconds.is_finite() || seconds < 0.0 {
+            return;
+        }
+        if self.ring.len() < TURN_WINDOW {
+            self.ring.push(seconds);
+        } else {
+            self.ring[self.next] = seconds;
+        }
+        self.next = (self.next + 1) % TURN_WINDOW;
+        if self.ring.len() >= MIN_TURNS {
+            let mut v = self.ring.clone();
+            let mid = v.len() / 2;
+            let (_, m, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
+            self.median = Some(*m);
+        }
+    }
+
+    pub fn median(&self) -> Option<f64> {
+        self.median
+    }
+}
+
+/// The bound one decision applies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WaitBound {
+    /// Queued this long (seconds), a program is overdue; residents this
+    /// long may be paused for it. Infinite: no bound.
+    pub after_s: f64,
+    /// The bound is the measured one (`rotate_after_turns`): rotation
+    /// pauses acting programs only, within the host tier's room.
+    pub gated: bool,
+}
+
+impl ProgramScheduler {
+    /// `max_wait_s` when set; else `rotate_after_turns` median turns while
+    /// some replica has a host tier; else none.
+    pub(crate) fn wait_bound(&self, mem: &dyn Memory) -> WaitBound {
+        if self.cfg.max_wait_s.is_finite() {
+            return WaitBound {
+                after_s: self.cfg.max_wait_s,
+                gated: false,
+            };
+        }
+        let tier = (0..mem.num_replicas()).any(|r| mem.host_capacity(r) > 0);
+        let after_s = match self.turns.median() {
+            Some(m) if tier && self.cfg.rotate_after_turns.is_finite() => {
+                self.cfg.rotate_after_turns * m
+            }
+            _ => f64::INFINITY,
+        };
+        WaitBound {
+            after_s,
+            gated: true,
+        }
+    }
+
+    /// A request of `p` finished now: its turn time joins the median.
+    pub(crate) fn record_turn(&mut self, p: ProgramId, now: f64) {
+        if let Some(prog) = self.programs.get(&p) {
+            self.turns
+                .record(now - prog.request_at.max(prog.admitted_at));
+        }
+    }
+
+    /// Whether `q` may be paused for an overdue program under `bound`.
+    pub(crate) fn rotatable(&self, q: &Program, now: f64, bound: WaitBound) -> bool {
+        now - q.admitted_at >= bound.after_s && (!bound.gated || q.phase == Phase::Acting)
+    }
+
+    /// Blocks of the contexts parked on `l`: programs paused there, whose
+    /// KV only the tiers keep.
+    pub(crate) fn parked_blocks(&self, l: usize, mem: &dyn Memory) -> f64 {
+        self.programs
+            .values()
+            .filter(|q| q.state == State::Paused && q.replica == Some(l))
+            .map(|q| mem.blocks_for(q.context_tokens) as f64)
+            .sum()
+    }
+
+    /// Whether `l`'s host tier keeps what pausing `victims` (blocks held
+    /// each) parks, once `unit`'s members parked on `l` leave it.
+    pub(crate) fn tier_keeps(
+        &self,
+        l: usize,
+        parked: f64,
+        victims: impl Iterator<Item = usize>,
+        unit: &[ProgramId],
+        mem: &dyn Memory,
+    ) -> bool {
+        let leaving: f64 = unit
+            .iter()
+            .filter_map(|m| self.programs.get(m))
+            .filter(|q| q.state == State::Paused && q.replica == Some(l))
+            .map(|q| mem.blocks_for(q.context_tokens) as f64)
+            .sum();
+        let parked_after = parked - leaving + victims.map(|b| b as f64).sum::<f64>();
+        parked_after <= HOST_KEEP_FRACTION * mem.host_capacity(l) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_waits_for_enough_turns_and_follows_the_last_window() {
+        let mut t = TurnTimes::default();
+        for _ in 0..MIN_TURNS - 1 {
+            t.record(1.0);
+        }
+        assert_eq!(t.median(), None);
+        t.record(3.0);
+        assert_eq!(t.median(), Some(1.0));
+        for _ in 0..TURN_WINDOW {
+            t.record(20.0);
+        }
+        assert_eq!(t.median(), Some(20.0), "old turns leave the window");
+        t.record(f64::NAN);
+        t.record(-1.0);
+        assert_eq!(t.median(), Some(20.0), "nonsense times are ignored");
+    }
+}

@@ -1,0 +1,116 @@
+//! The measured waiting bound (`rotation.rs`, issue 12) on the real
+//! `ProgramScheduler` over real `KvCache`s with a host tier: its period is
+//! `rotate_after_turns` median turn times, it rotates out acting programs
+//! only (a turn is never cut), only while the host tier keeps what it parks,
+//! and not at all without a tier.
+
+mod common;
+
+use agentd_scheduler::{Decision, Policy, ProgramScheduler, SchedulerConfig};
+
+/// The test config with a bound of two turns.
+fn two_turns() -> SchedulerConfig {
+    SchedulerConfig {
+        rotate_after_turns: 2.0,
+        ..config(0.9, 1.0)
+    }
+}
+use common::{config, ids, pid, Engine, BS};
+
+type Eng = Engine<ProgramScheduler>;
+
+/// Eleven turns of one second (program 50, one block), then it ends: the
+/// median turn is 1 s, so a bound of 2 turns is 2 s.
+fn one_second_turns(eng: &mut Eng) {
+    eng.request(pid(50), BS);
+    eng.step(0);
+    for _ in 0..10 {
+        eng.now += 1.0;
+        eng.finish(pid(50));
+        eng.request(pid(50), 1);
+        eng.step(0);
+    }
+    eng.now += 1.0;
+    eng.finish(pid(50));
+    eng.terminate(pid(50));
+}
+
+/// Programs 1 and 2 (44 blocks each) hold D = 90 of λmin·C = 99 (110
+/// blocks) from `t0`; program 3 (30 blocks) queues at `t0`. Returns the decisions at
+/// `t0 + 2` (3 is overdue, 1 and 2 are reasoning) and right after program 1
+/// finishes its turn there.
+fn overdue_behind_two(host_slots: Option<usize>) -> (Eng, Decision, Decision) {
+    let mut eng = Engine::program(two_turns(), 1, 110);
+    if let Some(slots) = host_slots {
+        eng = eng.with_host_tier(slots);
+    }
+    one_second_turns(&mut eng);
+    let t0 = eng.now;
+    eng.request(pid(1), 44 * BS);
+    eng.request(pid(2), 44 * BS);
+    assert_eq!(eng.step(0).admit.len(), 2);
+    eng.request(pid(3), 30 * BS);
+    eng.now = t0 + 1.0;
+    assert!(eng.step(0).is_empty(), "not overdue yet");
+    eng.now = t0 + 2.0;
+    let reasoning = eng.step(0);
+    eng.finish(pid(1));
+    let acting = eng.step(0);
+    eng.check_kv();
+    (eng, reasoning, acting)
+}
+
+#[test]
+fn an_overdue_program_rotates_out_an_acting_one_the_tier_keeps() {
+    let (mut eng, reasoning, acting) = overdue_behind_two(Some(200));
+    assert!(reasoning.is_empty(), "a turn was cut: {reasoning:?}");
+    assert_eq!(ids(&acting.pause), vec![1], "{acting:?}");
+    assert_eq!(acting.admit, vec![(pid(3), 0)]);
+    assert_eq!(eng.policy.stats().overdue_pauses, 1);
+    // Admitting 3 evicted part of 1's context: to the host tier.
+    assert!(eng.kv[0].host_copies().0 > 0, "no offload");
+    // 1's next turn is restored once 3 is overdue to leave, by copies.
+    eng.request(pid(1), BS);
+    eng.finish(pid(3));
+    eng.now += 2.0;
+    let d = eng.step(0);
+    assert_eq!(
+        (ids(&d.pause), d.admit.clone()),
+        (vec![3], vec![(pid(1), 0)])
+    );
+    assert!(eng.kv[0].host_copies().1 > 0, "restored without onloads");
+    assert_eq!(eng.last_match[&pid(1)].cached_tokens, 44 * BS);
+    eng.check_kv();
+}
+
+#[test]
+fn rotation_stops_where_the_tier_could_not_keep_the_context() {
+    // 0.9 × 40 slots < the 44 blocks pausing program 1 would park.
+    let (eng, reasoning, acting) = overdue_behind_two(Some(40));
+    assert!(reasoning.is_empty() && acting.is_empty(), "{acting:?}");
+    assert_eq!(eng.policy.num_waiting(), 1);
+}
+
+#[test]
+fn without_a_tier_nothing_rotates() {
+    let (eng, reasoning, acting) = overdue_behind_two(None);
+    assert!(reasoning.is_empty() && acting.is_empty(), "{acting:?}");
+    assert_eq!(eng.policy.stats().overdue_pauses, 0);
+}
+
+#[test]
+fn an_explicit_bound_rotates_whatever_the_tier_holds() {
+    let cfg = SchedulerConfig {
+        max_wait_s: 2.0,
+        ..config(0.9, 1.0)
+    };
+    let mut eng = Engine::program(cfg, 1, 100).with_host_tier(8);
+    eng.request(pid(1), 44 * BS);
+    eng.request(pid(2), 44 * BS);
+    eng.step(0);
+    eng.request(pid(3), 30 * BS);
+    eng.now = 2.0;
+    // Both reasoning, the tier far too small: the hard bound cuts a turn.
+    assert_eq!(ids(&eng.step(0).pause), vec![1]);
+    eng.check_kv();
+}
