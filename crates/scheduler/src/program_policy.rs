@@ -21,8 +21,7 @@ use tracing::debug;
 use crate::groups::{GroupJoin, GroupTable};
 use crate::program::Program;
 use crate::queue::{QueueClass, WaitingQueue};
-use crate::rotation::TurnTimes;
-use crate::tools::{ToolId, ToolTable};
+use crate::tools::{ToolId, ToolStats, ToolTable};
 use crate::{
     Decision, Memory, Phase, Policy, PolicyStats, ProgramId, ProgramInfo, Route, SchedulerConfig,
     State,
@@ -43,7 +42,7 @@ pub struct ProgramScheduler {
     pub(crate) groups: GroupTable,
     pub(crate) tools: ToolTable,
     /// Recent turn times: the period of the measured waiting bound.
-    pub(crate) turns: TurnTimes,
+    pub(crate) turns: ToolStats,
     pub(crate) stats: PolicyStats,
 }
 
@@ -59,7 +58,7 @@ impl ProgramScheduler {
             demand: vec![(0.0, f64::NEG_INFINITY); num_replicas.max(1)],
             groups: GroupTable::default(),
             tools: ToolTable::default(),
-            turns: TurnTimes::default(),
+            turns: ToolStats::default(),
             stats: PolicyStats::default(),
         }
     }

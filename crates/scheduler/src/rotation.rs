@@ -34,42 +34,9 @@ use crate::{Memory, Phase, ProgramId, ProgramScheduler, State};
 /// program here) and the copies of onloaded blocks.
 pub(crate) const HOST_KEEP_FRACTION: f64 = 0.9;
 
-/// Turns whose times the median is taken over.
-const TURN_WINDOW: usize = 64;
-/// Turns measured before the period is known (and rotation starts).
-const MIN_TURNS: usize = 8;
-
-/// The last [`TURN_WINDOW`] turn times and their median.
-#[derive(Debug, Default)]
-pub(crate) struct TurnTimes {
-    ring: Vec<f64>,
-    next: usize,
-    median: Option<f64>,
-}
-
-impl TurnTimes {
-    pub fn record(&mut self, seconds: f64) {
-        if !seconds.is_finite() || seconds < 0.0 {
-            return;
-        }
-        if self.ring.len() < TURN_WINDOW {
-            self.ring.push(seconds);
-        } else {
-            self.ring[self.next] = seconds;
-        }
-        self.next = (self.next + 1) % TURN_WINDOW;
-        if self.ring.len() >= MIN_TURNS {
-            let mut v = self.ring.clone();
-            let mid = v.len() / 2;
-            let (_, m, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
-            self.median = Some(*m);
-        }
-    }
-
-    pub fn median(&self) -> Option<f64> {
-        self.median
-    }
-}
+/// The shortest measured bound (seconds): requests that end at once
+/// (`max_tokens` 1, errors) must not make every step rotate.
+const MIN_BOUND_S: f64 = 1.0;
 
 /// The bound one decision applies.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,7 +62,7 @@ impl ProgramScheduler {
         let tier = (0..mem.num_replicas()).any(|r| mem.host_capacity(r) > 0);
         let after_s = match self.turns.median() {
             Some(m) if tier && self.cfg.rotate_after_turns.is_finite() => {
-                self.cfg.rotate_after_turns * m
+                (self.cfg.rotate_after_turns * m).max(MIN_BOUND_S)
             }
             _ => f64::INFINITY,
         };
@@ -151,18 +118,18 @@ impl ProgramScheduler {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::tools::{ToolStats, MIN_SAMPLES, SAMPLES};
 
     #[test]
     fn the_median_waits_for_enough_turns_and_follows_the_last_window() {
-        let mut t = TurnTimes::default();
-        for _ in 0..MIN_TURNS - 1 {
+        let mut t = ToolStats::default();
+        for _ in 0..MIN_SAMPLES - 1 {
             t.record(1.0);
         }
         assert_eq!(t.median(), None);
         t.record(3.0);
         assert_eq!(t.median(), Some(1.0));
-        for _ in 0..TURN_WINDOW {
+        for _ in 0..SAMPLES {
             t.record(20.0);
         }
         assert_eq!(t.median(), Some(20.0), "old turns leave the window");

@@ -34,7 +34,8 @@ pub const SAMPLES: usize = 64;
 /// Below this many observed durations the global decay applies.
 pub const MIN_SAMPLES: usize = 8;
 
-/// The last [`SAMPLES`] acting durations of one tool (a ring).
+/// The last [`SAMPLES`] durations of one kind: one tool's acting times, or
+/// every program's turn times (`rotation.rs`). A ring.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ToolStats {
     durations: Vec<f64>,
@@ -71,6 +72,17 @@ impl ToolStats {
             }
         }
         Some(if n == 0 { t } else { sum / n as f64 })
+    }
+
+    /// The median duration, once [`MIN_SAMPLES`] were seen.
+    pub fn median(&self) -> Option<f64> {
+        if self.durations.len() < MIN_SAMPLES {
+            return None;
+        }
+        let mut v = self.durations.clone();
+        let mid = v.len() / 2;
+        let (_, m, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
+        Some(*m)
     }
 
     #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Rule 12: random sequences of engine events (requests, finishes, decodes
 //! with exhaustion preemption, steps with their decisions applied,
-//! terminations, lease expiry) on 1–3 replicas of real `KvCache`s. After every
+//! terminations, lease expiry) on 1–3 replicas of real `KvCache`s, with or
+//! without a host tier (and so with or without rotation). After every
 //! event the KV invariants hold and the scheduler's view agrees with itself
 //! and with the caches; the same sequence replays to the same decisions.
 
@@ -15,6 +16,9 @@ use common::{config, pid, system_prompt, Engine, BS};
 use proptest::prelude::*;
 
 const PROGRAMS: u8 = 8;
+/// Longest event sequence: long enough for eight finished turns, after
+/// which the measured waiting bound is known and may rotate.
+const EVENTS: usize = 200;
 
 #[derive(Debug, Clone)]
 enum Ev {
@@ -64,6 +68,8 @@ fn ev() -> impl Strategy<Value = Ev> {
 struct Setup {
     replicas: usize,
     blocks: usize,
+    /// Host tier slots per replica (0: none).
+    host: usize,
     cfg: SchedulerConfig,
 }
 
@@ -75,10 +81,16 @@ fn setup() -> impl Strategy<Value = Setup> {
         prop_oneof![Just(1.0), Just(2.0)],
         any::<bool>(),
         0usize..3,
+        prop_oneof![Just(0usize), 8usize..96],
+        // The measured bound (a short one, so that short sequences reach
+        // it), or the hard one.
+        prop_oneof![Just((f64::INFINITY, 0.5)), Just((1.0, 1.0))],
     )
         .prop_map(
-            |(replicas, blocks, (lmin, lmax), decay, best_fit, reserve)| {
+            |(replicas, blocks, (lmin, lmax), decay, best_fit, reserve, host, (wait, turns))| {
                 let cfg = SchedulerConfig {
+                    max_wait_s: wait,
+                    rotate_after_turns: turns,
                     decay_base: decay,
                     decay_unit_s: 1.0,
                     decode_reserve_blocks: reserve,
@@ -94,6 +106,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 Setup {
                     replicas,
                     blocks,
+                    host,
                     cfg,
                 }
             },
@@ -216,7 +229,7 @@ fn check_program(eng: &Engine<ProgramScheduler>) -> Result<(), TestCaseError> {
 }
 
 fn run_program(s: &Setup, evs: &[Ev]) -> Result<Engine<ProgramScheduler>, TestCaseError> {
-    let mut eng = Engine::program(s.cfg.clone(), s.replicas, s.blocks);
+    let mut eng = Engine::program(s.cfg.clone(), s.replicas, s.blocks).with_host_tier(s.host);
     for e in evs {
         apply(&mut eng, e);
         check_program(&eng)?;
@@ -230,7 +243,7 @@ proptest! {
     #[test]
     fn program_scheduler_random_events_keep_invariants_and_replay(
         s in setup(),
-        evs in proptest::collection::vec(ev(), 1..80),
+        evs in proptest::collection::vec(ev(), 1..EVENTS),
     ) {
         let a = run_program(&s, &evs)?;
         let b = run_program(&s, &evs)?;
@@ -243,14 +256,15 @@ proptest! {
     #[test]
     fn request_scheduler_random_events_keep_invariants_and_replay(
         s in setup(),
-        evs in proptest::collection::vec(ev(), 1..80),
+        evs in proptest::collection::vec(ev(), 1..EVENTS),
     ) {
         let run = |evs: &[Ev]| -> Result<Engine<RequestScheduler>, TestCaseError> {
             let mut eng = Engine::new(
                 RequestScheduler::new(s.cfg.clone(), s.replicas),
                 s.replicas,
                 s.blocks,
-            );
+            )
+            .with_host_tier(s.host);
             for e in evs {
                 apply(&mut eng, e);
                 for (r, kv) in eng.kv.iter().enumerate() {
@@ -279,8 +293,10 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
     use proptest::test_runner::TestRunner;
 
     let mut runner = TestRunner::deterministic();
-    let strategy = (setup(), proptest::collection::vec(ev(), 1..80));
+    let strategy = (setup(), proptest::collection::vec(ev(), 1..EVENTS));
     let (mut pauses, mut restores, mut exhausted, mut expired, mut moved) = (0, 0, 0, 0, 0);
+    // Rotations under the measured bound (with a tier) and the hard one.
+    let (mut measured, mut hard) = (0, 0);
     for _ in 0..256 {
         let (s, evs) = strategy.new_tree(&mut runner).unwrap().current();
         let eng = run_program(&s, &evs).unwrap();
@@ -288,6 +304,11 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
         pauses += st.pauses;
         restores += st.restores;
         exhausted += st.exhaustion_pauses;
+        if s.cfg.max_wait_s.is_finite() {
+            hard += st.overdue_pauses;
+        } else {
+            measured += st.overdue_pauses;
+        }
         for l in &eng.log {
             match l {
                 common::Logged::Expired(v) => expired += v.len(),
@@ -301,5 +322,13 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
     assert!(
         pauses >= 10 && restores >= 10 && exhausted >= 10 && expired >= 10 && moved >= 10,
         "pauses {pauses} restores {restores} exhausted {exhausted} expired {expired} moved {moved}"
+    );
+    // The measured bound needs eight finished turns, a queue overdue by a
+    // second, an acting resident and room in a small tier at once: rare in
+    // random sequences (its rules are tested one by one in rotation.rs), so
+    // this only shows that the path runs under the invariant checks.
+    assert!(
+        measured >= 1 && hard >= 10,
+        "rotations: measured bound {measured}, hard bound {hard}"
     );
 }
