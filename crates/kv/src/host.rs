@@ -15,9 +15,9 @@
 //!
 //! The tier is inclusive: onloading keeps the host copy, so a block evicted
 //! again needs no second copy — but an onloaded slot is the first to be
-//! reused, before any block that lives only here. A hash counts as *cached on the replica*
-//! while either tier holds it — KV events announce it once and remove it
-//! only when it leaves both.
+//! reused, before any block that lives only here. A hash counts as *cached
+//! on the replica* while either tier holds it — KV events announce it once
+//! and remove it only when it leaves both.
 //!
 //! Invariants (checked by [`HostTier::check_invariants`]):
 //! H1. every slot is exactly one of free / holding one hash (in the LRU);

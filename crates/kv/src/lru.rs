@@ -47,35 +47,33 @@ impl Lru {
 
     /// Most recently released goes to the tail; eviction takes from the head.
     pub fn push_back(&mut self, i: u32) {
-        debug_assert!(!self.contains(i));
-        self.links[i as usize] = Links {
-            prev: self.tail,
-            next: NIL,
-            linked: true,
-        };
-        if self.tail == NIL {
-            self.head = i;
-        } else {
-            self.links[self.tail as usize].next = i;
-        }
-        self.tail = i;
-        self.len += 1;
+        self.link(i, self.tail, NIL);
     }
 
     /// First to be evicted: the head.
     pub fn push_front(&mut self, i: u32) {
+        self.link(i, NIL, self.head);
+    }
+
+    /// Links the unlinked `i` between the adjacent `prev` and `next` (NIL:
+    /// the list's end on that side).
+    fn link(&mut self, i: u32, prev: u32, next: u32) {
         debug_assert!(!self.contains(i));
         self.links[i as usize] = Links {
-            prev: NIL,
-            next: self.head,
+            prev,
+            next,
             linked: true,
         };
-        if self.head == NIL {
+        if prev == NIL {
+            self.head = i;
+        } else {
+            self.links[prev as usize].next = i;
+        }
+        if next == NIL {
             self.tail = i;
         } else {
-            self.links[self.head as usize].prev = i;
+            self.links[next as usize].prev = i;
         }
-        self.head = i;
         self.len += 1;
     }
 

@@ -7,6 +7,9 @@
 mod common;
 
 use agentd_scheduler::{Decision, Policy, ProgramScheduler, SchedulerConfig};
+use common::{config, ids, pid, Engine, BS};
+
+type Eng = Engine<ProgramScheduler>;
 
 /// The test config with a bound of two turns.
 fn two_turns() -> SchedulerConfig {
@@ -15,9 +18,6 @@ fn two_turns() -> SchedulerConfig {
         ..config(0.9, 1.0)
     }
 }
-use common::{config, ids, pid, Engine, BS};
-
-type Eng = Engine<ProgramScheduler>;
 
 /// Eleven turns of one second (program 50, one block), then it ends: the
 /// median turn is 1 s, so a bound of 2 turns is 2 s.
@@ -36,9 +36,9 @@ fn one_second_turns(eng: &mut Eng) {
 }
 
 /// Programs 1 and 2 (44 blocks each) hold D = 90 of λmin·C = 99 (110
-/// blocks) from `t0`; program 3 (30 blocks) queues at `t0`. Returns the decisions at
-/// `t0 + 2` (3 is overdue, 1 and 2 are reasoning) and right after program 1
-/// finishes its turn there.
+/// blocks) from `t0`; program 3 (30 blocks) queues at `t0`. Returns the
+/// decisions at `t0 + 2` (3 is overdue, 1 and 2 are reasoning) and right
+/// after program 1 finishes its turn there.
 fn overdue_behind_two(host_slots: Option<usize>) -> (Eng, Decision, Decision) {
     let mut eng = Engine::program(two_turns(), 1, 110);
     if let Some(slots) = host_slots {
