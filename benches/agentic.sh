@@ -51,6 +51,11 @@ PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.8}
 # well, e.g. a host KV tier, which also turns on the measured waiting bound
 # (HOST_FLAGS="--num-host-kv-blocks 16384").
 HOST_FLAGS=${HOST_FLAGS:-}
+# Extra `agentd bench` flags, e.g. BENCH_FLAGS=--stationary-start (the
+# first N programs join at a uniform turn, so the window sees steady-state
+# program ages rather than one cohort's first turns; give the warm-up time
+# to prefill their histories).
+BENCH_FLAGS=${BENCH_FLAGS:-}
 # The agentd targets to run (a subset of "request program host").
 POLICIES=${POLICIES:-request program}
 PORT_HOST=${PORT_HOST:-18104}
@@ -162,7 +167,7 @@ cmd=("$AGENTD" bench "${targets[@]}" --workload "$WORKLOAD" --concurrency "$CONC
      --system-tokens "$SYSTEM_TOKENS" --task-tokens "$TASK_TOKENS" --turns "$TURNS"
      --tool-tokens "$TOOL_TOKENS" --output-tokens "$OUTPUT_TOKENS" --tool-time "$TOOL_TIME"
      --max-context "$((MAX_MODEL_LEN - 64))" --request-timeout-s "$REQUEST_TIMEOUT"
-     --max-errors 1000000
+     --max-errors 1000000 $BENCH_FLAGS
      --json "$OUT/agentic.json" --plot "$OUT/agentic.svg" --markdown "$WORK/table.md")
 echo "+ ${cmd[*]}" >&2
 set +e

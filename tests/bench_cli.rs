@@ -46,8 +46,11 @@ fn bench_cmd(url: &str, out: &Path, extra: &[&str]) -> Command {
             "--output-tokens",
             "=4",
         ])
-        .args(["--tool-time", "fixed:0.05", "--seed", "3", "--no-progress"])
-        .args(["--request-timeout-s", "20", "--settle-s", "0.2"])
+        .args(["--seed", "3", "--no-progress"]);
+    if !extra.contains(&"--tool-time") {
+        c.args(["--tool-time", "fixed:0.05"]);
+    }
+    c.args(["--request-timeout-s", "20", "--settle-s", "0.2"])
         .arg("--json")
         .arg(out.join("out.json"))
         .arg("--plot")
@@ -217,4 +220,52 @@ fn bench_against_a_server_killed_mid_run_reports_errors() {
         rows[0]["steps"].as_u64().unwrap() > 0,
         "it ran before the kill"
     );
+}
+
+/// A stationary start sends each first-wave program's earlier turns as
+/// history: the real server answers those longer prompts with exact counts,
+/// and the first window sees later turns than a cold start does.
+#[test]
+fn a_stationary_start_joins_programs_mid_plan() {
+    let (_server, addr) = serve("128");
+    let url = format!("http://{addr}");
+    let mean_prompt = |name: &str, extra: &[&str]| {
+        let out = tmp(name);
+        // Tools of 3 s: the 1.5 s window holds the first wave's first
+        // requests only, so it shows the turns the programs start at.
+        let mut args = vec![
+            "--concurrency",
+            "8",
+            "--duration-s",
+            "1.5",
+            "--warmup-s",
+            "0",
+            "--tool-time",
+            "fixed:3",
+        ];
+        args.extend_from_slice(extra);
+        let (o, _) = output_within(bench_cmd(&url, &out, &args), Duration::from_secs(60));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r = rows(&out).remove(0);
+        assert_eq!(r["errors"], 0, "{r}");
+        let steps = r["steps"].as_u64().unwrap();
+        let finished = r["programs_finished"].as_u64().unwrap();
+        // One request per program, and one more for each that joined at
+        // its last turn (it ends at once and the next program starts cold).
+        assert_eq!(steps, 8 + finished, "{r}");
+        (
+            r["prompt_tokens"].as_u64().unwrap() as f64 / steps as f64,
+            finished,
+        )
+    };
+    // Turn k's prompt: 64 system + 16 task + k * (4 output + 24 tool).
+    let cold = mean_prompt("bench-cold", &[]);
+    assert_eq!(
+        cold,
+        (80.0, 0),
+        "a cold start begins every program at turn 0"
+    );
+    let (joined, finished) = mean_prompt("bench-stationary", &["--stationary-start"]);
+    assert!(finished > 0, "some program joins at its last turn (seed 3)");
+    assert!(joined > 85.0 && joined <= 136.0, "mean prompt {joined}");
 }

@@ -46,6 +46,12 @@ pub struct BenchArgs {
     warmup_s: Option<f64>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The first N programs join at a uniform turn of their plan, their
+    /// earlier turns sent as history (stand-in outputs): the window sees
+    /// steady-state program ages, not one cohort's first turns. Their first
+    /// requests prefill whole contexts: give the warm-up time for that.
+    #[arg(long)]
+    stationary_start: bool,
     /// tokens: /v1/completions with token-id prompts (exact counts); chat:
     /// /v1/chat/completions with one word per token (approximate counts).
     #[arg(long, default_value = "tokens")]
@@ -176,6 +182,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             block_size: args.block_size,
             max_consecutive_errors: args.max_consecutive_errors,
             run_id,
+            stationary_start: args.stationary_start,
         },
         concurrency: args.concurrency.clone(),
         request_timeout: Duration::from_secs_f64(args.request_timeout_s),
@@ -223,6 +230,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "duration_s": args.duration_s,
                 "warmup_s": warmup_s,
                 "seed": args.seed,
+                "stationary_start": args.stationary_start,
                 "mode": format!("{:?}", args.mode).to_lowercase(),
                 "stream": !args.no_stream,
                 "block_size": args.block_size,

@@ -32,6 +32,10 @@ pub struct RunConfig {
     pub max_consecutive_errors: Option<usize>,
     /// Prefix of program ids (distinct per run so servers never mix runs).
     pub run_id: String,
+    /// The first N programs join at a uniform turn of their plan, with the
+    /// turns before it as history ([`ProgramPlan::join_turn`]): a window
+    /// measures steady state instead of one cohort's early turns.
+    pub stationary_start: bool,
 }
 
 struct Shared {
@@ -260,8 +264,14 @@ async fn worker(sh: Arc<Shared>) {
             .workload
             .plan(program_stream(sh.cfg.seed, sh.concurrency as u64, idx));
         let pid = format!("{}-c{}-p{idx}", sh.cfg.run_id, sh.concurrency);
+        let first_cohort = idx < sh.concurrency as u64;
+        let join = if sh.cfg.stationary_start && first_cohort {
+            plan.join_turn()
+        } else {
+            0
+        };
         let ok = tokio::select! {
-            r = run_program(&sh, idx, &pid, &plan) => Some(r),
+            r = run_program(&sh, idx, &pid, &plan, join) => Some(r),
             _ = sh.stop_signal() => None,
         };
         if sh.client.dynamo.is_some() {
@@ -289,8 +299,9 @@ async fn worker(sh: Arc<Shared>) {
     }
 }
 
-/// Runs the program's turns; false on the first failed step.
-async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan) -> bool {
+/// Runs the program's turns from turn `join` (the turns before it become
+/// history with stand-in outputs); false on the first failed step.
+async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join: usize) -> bool {
     let block = sh.cfg.block_size;
     let mut context: Vec<u32> = Vec::new();
     let mut messages: Vec<Value> = Vec::new();
@@ -298,9 +309,23 @@ async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan) -> bo
         Mode::Tokens => context.extend_from_slice(&sh.system),
         Mode::Chat => messages.push(json!({"role": "system", "content": text_for(&sh.system)})),
     }
-    // Prompt tokens of the previous context an unlimited cache would keep.
+    let history = plan.stand_in_outputs(join, sh.cfg.workload.vocab);
+    for (turn, output) in plan.turns.iter().zip(history) {
+        match sh.cfg.mode {
+            Mode::Tokens => {
+                context.extend_from_slice(&turn.appended);
+                context.extend_from_slice(&output);
+            }
+            Mode::Chat => {
+                messages.push(json!({"role": "user", "content": text_for(&turn.appended)}));
+                messages.push(json!({"role": "assistant", "content": text_for(&output)}));
+            }
+        }
+    }
+    // Prompt tokens of the previous context an unlimited cache would keep
+    // (none of a joined program's history was ever computed).
     let mut own = 0usize;
-    for (i, turn) in plan.turns.iter().enumerate() {
+    for (i, turn) in plan.turns.iter().enumerate().skip(join) {
         let last = i + 1 == plan.turns.len();
         let seen = sh.system_seen.swap(true, Ordering::Relaxed);
         let shared = if seen {
