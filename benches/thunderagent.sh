@@ -77,14 +77,23 @@ NAME=$(basename "$MODEL_DIR")
 
 pids=()
 gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null || true); [ -z "$st" ] || [[ $st == Z* ]]; }
+descendants() { local c; for c in $(pgrep -P "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done; }
 stop_pid() {
-  local p=$1
-  if gone "$p"; then wait "$p" 2>/dev/null || true; return 0; fi
-  # dynamo.vllm's engine core is a child process: it outlived its parent's kill (2026-12-02).
-  pkill -TERM -P "$p" 2>/dev/null || true
-  kill "$p" 2>/dev/null || true
-  for _ in $(seq 1 30); do gone "$p" && { wait "$p" 2>/dev/null || true; return 0; }; sleep 0.5; done
-  kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+  # dynamo.vllm's engine core and Dynamo's helpers are (grand)children: they
+  # outlived their parent's kill, and a run's cleanup returned while they
+  # still ran for tens of seconds (2026-12-02). Stop the whole tree and wait
+  # for every member.
+  local p=$1 q alive all
+  read -r -a all <<<"$p $(descendants "$p" | tr '\n' ' ')"
+  kill -TERM "${all[@]}" 2>/dev/null || true
+  for _ in $(seq 1 40); do
+    alive=0
+    for q in "${all[@]}"; do gone "$q" || alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.5
+  done
+  kill -9 "${all[@]}" 2>/dev/null || true
+  wait "$p" 2>/dev/null || true
 }
 cleanup() { for p in "${pids[@]}"; do stop_pid "$p"; done; }
 trap cleanup EXIT
@@ -179,6 +188,22 @@ for t in $TARGETS; do
 done
 vllm_kv_line=$(grep -o "KV cache size: [0-9,]* tokens" "$WORK/ta-vllm-worker.log" 2>/dev/null | tail -1 || true)
 
+# CPU the started stacks burn while idle (all targets are up during each
+# target's levels): seconds of CPU per second over IDLE_PROBE_S, whole trees.
+tree_ticks() {
+  local t=0 q f
+  for q in "$@"; do
+    for f in $q $(descendants "$q"); do
+      [ -r "/proc/$f/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$f/stat" 2>/dev/null || echo 0)))
+    done
+  done
+  echo "$t"
+}
+IDLE_PROBE_S=${IDLE_PROBE_S:-10}
+t0=$(tree_ticks "${pids[@]}"); sleep "$IDLE_PROBE_S"; t1=$(tree_ticks "${pids[@]}")
+idle_cpu=$(awk -v a="$t0" -v b="$t1" -v s="$IDLE_PROBE_S" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.2f", (b-a)/hz/s}')
+echo "idle stacks: $idle_cpu CPU-seconds per second over $IDLE_PROBE_S s" >&2
+
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date -u +%FT%TZ)
 cmd=("$AGENTD" bench "${targets[@]}" "${dynamo_targets[@]}" --dynamo-final terminal --no-progress
@@ -204,6 +229,7 @@ done
   echo
   echo "Run $started by \`benches/thunderagent.sh\` on $(nproc) CPU cores ($(uname -m)); bench exit $rc."
   echo "Load average (1/5/15 min) before: $load_before; after: $load_after."
+  echo "Idle CPU of all started stacks before the bench: $idle_cpu cores (every stack stays up during every target's levels)."
   echo
   echo "- Targets: $TARGETS (ta-* = Dynamo 1.6.1 frontend --router-mode round-robin -> dynamo.thunderagent_router ${TA_FLAGS:-(defaults)} -> one worker)."
   echo "- Model: \`$CARD\` (random weights, float32), $BYTES_PER_TOKEN bytes of KV per token; KV $((KV_BLOCKS * BLOCK)) tokens for every engine ($KV_BLOCKS blocks of $BLOCK; vLLM --kv-cache-memory-bytes $KV_BYTES${vllm_kv_line:+; vLLM reports $vllm_kv_line}); ThunderAgent --router-block-size $BLOCK."
