@@ -78,13 +78,14 @@ NAME=$(basename "$MODEL_DIR")
 pids=()
 gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null || true); [ -z "$st" ] || [[ $st == Z* ]]; }
 descendants() { local c; for c in $(pgrep -P "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done; }
+tree() { echo "$1"; descendants "$1"; }   # a process and all its descendants
 stop_pid() {
   # dynamo.vllm's engine core and Dynamo's helpers are (grand)children: they
   # outlived their parent's kill, and a run's cleanup returned while they
   # still ran for tens of seconds (2026-12-02). Stop the whole tree and wait
   # for every member.
   local p=$1 q alive all
-  read -r -a all <<<"$p $(descendants "$p" | tr '\n' ' ')"
+  read -r -a all <<<"$(tree "$p" | tr '\n' ' ')"
   kill -TERM "${all[@]}" 2>/dev/null || true
   for _ in $(seq 1 40); do
     alive=0
@@ -193,7 +194,7 @@ vllm_kv_line=$(grep -o "KV cache size: [0-9,]* tokens" "$WORK/ta-vllm-worker.log
 tree_ticks() {
   local t=0 q f
   for q in "$@"; do
-    for f in $q $(descendants "$q"); do
+    for f in $(tree "$q"); do
       [ -r "/proc/$f/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$f/stat" 2>/dev/null || echo 0)))
     done
   done
