@@ -392,7 +392,7 @@ impl ProgramScheduler {
         }
         if victims == Victims::Resident && room.wait.gated {
             let parked = *room.parked[l].get_or_insert_with(|| self.parked_blocks(l, mem));
-            if !self.tier_keeps(l, parked, order[..k].iter().map(|v| v.2), unit, mem) {
+            if !self.tier_keeps(l, parked, order[..k].iter().map(|v| (v.0, v.2)), unit, mem) {
                 room.note_failed(victims, need, grouped);
                 return None;
             }

@@ -85,23 +85,31 @@ impl ProgramScheduler {
         now - q.admitted_at >= bound.after_s && (!bound.gated || q.phase == Phase::Acting)
     }
 
+    /// Blocks a context parked by pausing `q` takes in the tier: its
+    /// context, or what it holds when decoding grew it past the last
+    /// request (as [`Self::mark_paused`] records it). One measure for the
+    /// contexts already parked (`held` 0) and the victims about to be.
+    fn parked_size(q: &Program, held: usize, mem: &dyn Memory) -> f64 {
+        mem.blocks_for(q.context_tokens).max(held) as f64
+    }
+
     /// Blocks of the contexts parked on `l`: programs paused there, whose
     /// KV only the tiers keep.
     pub(crate) fn parked_blocks(&self, l: usize, mem: &dyn Memory) -> f64 {
         self.programs
             .values()
             .filter(|q| q.state == State::Paused && q.replica == Some(l))
-            .map(|q| mem.blocks_for(q.context_tokens) as f64)
+            .map(|q| Self::parked_size(q, 0, mem))
             .sum()
     }
 
-    /// Whether `l`'s host tier keeps what pausing `victims` (blocks held
-    /// each) parks, once `unit`'s members parked on `l` leave it.
+    /// Whether `l`'s host tier keeps what pausing `victims` (ids and blocks
+    /// held) parks, once `unit`'s members parked on `l` leave it.
     pub(crate) fn tier_keeps(
         &self,
         l: usize,
         parked: f64,
-        victims: impl Iterator<Item = usize>,
+        victims: impl Iterator<Item = (ProgramId, usize)>,
         unit: &[ProgramId],
         mem: &dyn Memory,
     ) -> bool {
@@ -109,10 +117,12 @@ impl ProgramScheduler {
             .iter()
             .filter_map(|m| self.programs.get(m))
             .filter(|q| q.state == State::Paused && q.replica == Some(l))
-            .map(|q| mem.blocks_for(q.context_tokens) as f64)
+            .map(|q| Self::parked_size(q, 0, mem))
             .sum();
-        let parked_after = parked - leaving + victims.map(|b| b as f64).sum::<f64>();
-        parked_after <= HOST_KEEP_FRACTION * mem.host_capacity(l) as f64
+        let parking: f64 = victims
+            .filter_map(|(v, held)| Some(Self::parked_size(self.programs.get(&v)?, held, mem)))
+            .sum();
+        parked - leaving + parking <= HOST_KEEP_FRACTION * mem.host_capacity(l) as f64
     }
 }
 
