@@ -48,7 +48,11 @@ TOOL_TOKENS=${TOOL_TOKENS:-256}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-8:24}
 TOOL_TIME=${TOOL_TIME:-lognormal:1:0.5}
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-300}
-PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.8}
+# agentd's program-scheduler flags. The engine's default hysteresis (lambda_min 0.95) here:
+# on this 65,536-token pool at 64 programs it gave p99 28.0 s against 35.8-36.5 s for 0.8-0.9
+# at the same steps/min (one standalone run each), and 1.41-1.73x ta-vllm in
+# benches/results/thunderagent-l95.md.
+PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.95}
 # agentd-host's flags beyond PROGRAM_FLAGS (target agentd-host).
 HOST_FLAGS=${HOST_FLAGS:---num-host-kv-blocks 16384}
 # ThunderAgent's own knobs, passed as they are (e.g. "--pause-threshold 0.9").
