@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{spawn_serve, Proc};
+use common::{http, spawn_serve, Proc};
 
 use serde_json::Value;
 
@@ -253,6 +253,10 @@ fn a_stationary_start_joins_programs_mid_plan() {
         // One request per program, and one more for each that joined at
         // its last turn (it ends at once and the next program starts cold).
         assert_eq!(steps, 8 + finished, "{r}");
+        // Each of them is its program's first request of the level.
+        assert_eq!(r["first_steps"].as_u64(), Some(steps), "{r}");
+        assert!(r["later_step_p99_s"].is_null(), "{r}");
+        assert!(r["first_step_p99_s"].as_f64().is_some(), "{r}");
         (
             r["prompt_tokens"].as_u64().unwrap() as f64 / steps as f64,
             finished,
@@ -268,4 +272,57 @@ fn a_stationary_start_joins_programs_mid_plan() {
     let (joined, finished) = mean_prompt("bench-stationary", &["--stationary-start"]);
     assert!(finished > 0, "some program joins at its last turn (seed 3)");
     assert!(joined > 85.0 && joined <= 136.0, "mean prompt {joined}");
+}
+
+/// A step still in flight when the window closes is in the tail too: with
+/// the real server frozen (SIGSTOP) for the rest of a 6 s level once it has
+/// answered some steps, every program's step is open at the end, and the
+/// row counts them by their ages (the finished steps' p99 alone would hide
+/// the wait).
+#[test]
+fn steps_open_when_the_window_closes_count_by_their_age() {
+    let (server, addr) = serve("128");
+    let url = format!("http://{addr}");
+    let out = tmp("bench-open");
+    let args = ["--concurrency", "4", "--duration-s", "6", "--warmup-s", "0"];
+    let spawned = Instant::now();
+    let child = bench_cmd(&url, &out, &args).spawn().expect("spawn bench");
+    let finished = || {
+        let (_, m) = http(&addr, "GET", "/metrics", None);
+        m.lines()
+            .filter(|l| l.starts_with("agentd:requests_finished_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    while finished() < 8.0 {
+        assert!(
+            spawned.elapsed() < Duration::from_secs(3),
+            "no steps in 3 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &server.0.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    // Past the level's end; the bench waits on its final scrape meanwhile.
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(spawned.elapsed()));
+    signal("-CONT");
+    let o = child.wait_with_output().expect("bench output");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = rows(&out).remove(0);
+    assert_eq!(r["open_steps"], 4, "{r}");
+    // Frozen from at most 3 s into the 6 s window until its end.
+    let oldest = r["oldest_open_s"].as_f64().expect("oldest open step");
+    assert!((2.5..=6.0).contains(&oldest), "{r}");
+    let (p99, with_open) = (
+        r["p99_step_s"].as_f64().unwrap(),
+        r["p99_with_open_s"].as_f64().unwrap(),
+    );
+    assert!(p99 < 2.0 && with_open >= 2.5, "{r}");
+    assert!(r["steps"].as_u64().unwrap() >= 8, "{r}");
 }

@@ -1,6 +1,7 @@
 //! The closed-loop driver: N programs at once against one endpoint; when a
 //! program ends the next starts; a warm-up is excluded from the window.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,6 +49,8 @@ struct Shared {
     next_program: AtomicU64,
     system_seen: AtomicBool,
     samples: Mutex<Vec<Sample>>,
+    /// Steps in flight: program index -> when the step was sent.
+    open: Mutex<HashMap<u64, Instant>>,
     errors: AtomicUsize,
     consecutive: AtomicUsize,
     messages: Mutex<Vec<String>>,
@@ -126,6 +129,7 @@ pub async fn run_level(
         next_program: AtomicU64::new(0),
         system_seen: AtomicBool::new(false),
         samples: Mutex::new(Vec::new()),
+        open: Mutex::new(HashMap::new()),
         errors: AtomicUsize::new(0),
         consecutive: AtomicUsize::new(0),
         messages: Mutex::new(Vec::new()),
@@ -200,7 +204,18 @@ pub async fn run_level(
         (Some(b), Some(a)) => Some(Counters::between(b, a)),
         _ => None,
     };
-    LevelRow::summarise(
+    // Cut by the level's end mid-step: open when the window closed.
+    let open: Vec<f64> = sh
+        .open
+        .lock()
+        .map(|o| {
+            o.values()
+                .filter(|&&t| t < window_end)
+                .map(|&t| window_end.saturating_duration_since(t).as_secs_f64())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut row = LevelRow::summarise(
         target,
         concurrency,
         window_s,
@@ -210,7 +225,9 @@ pub async fn run_level(
         sh.programs_finished.load(Ordering::Relaxed),
         aborted_at.is_some(),
         sh.messages.lock().map(|m| m.clone()).unwrap_or_default(),
-    )
+    );
+    row.note_open(&measured, &open);
+    row
 }
 
 /// Server counter deltas over the window.
@@ -334,6 +351,9 @@ async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join:
             0
         };
         let started = Instant::now();
+        if let Ok(mut o) = sh.open.lock() {
+            o.insert(idx, started);
+        }
         let reply = match sh.cfg.mode {
             Mode::Tokens => {
                 context.extend_from_slice(&turn.appended);
@@ -349,6 +369,9 @@ async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join:
             }
         };
         let finished = Instant::now();
+        if let Ok(mut o) = sh.open.lock() {
+            o.remove(&idx);
+        }
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {
@@ -388,6 +411,7 @@ async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join:
                 ttft_s: reply.ttft_s,
                 program: idx,
                 worker: reply.worker,
+                first: i == join,
             });
         }
         own = prompt_tokens + reply.completion_tokens.saturating_sub(1);

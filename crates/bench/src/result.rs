@@ -21,6 +21,10 @@ pub struct Sample {
     /// The worker that served it, when a Dynamo frontend says
     /// (`nvext.worker_id`).
     pub worker: Option<u64>,
+    /// The program's first request in this level (turn 0, or the turn a
+    /// stationary start joins at): its latency includes the admission of a
+    /// program the server has not seen, later ones a restore's wait.
+    pub first: bool,
 }
 
 /// Where a Dynamo frontend sent the window's steps.
@@ -86,6 +90,21 @@ pub struct LevelRow {
     pub usage_hit_rate: Option<f64>,
     pub ttft_p50_s: Option<f64>,
     pub ttft_p99_s: Option<f64>,
+    /// Step latency split by [`Sample::first`]: where the tail comes from,
+    /// admissions of new programs or the waits of programs already
+    /// running (`None` when the window has no such step).
+    pub first_step_p99_s: Option<f64>,
+    pub later_step_p99_s: Option<f64>,
+    pub first_steps: usize,
+    /// Steps still in flight when the window closed (waiting, typically):
+    /// they are not in the percentiles above, so a window shorter than the
+    /// longest wait hides the very tail it should show. Their ages so far
+    /// are lower bounds of their latencies; `p99_with_open_s` is the p99
+    /// over the finished steps and these bounds together (itself a lower
+    /// bound of the true p99, and equal to `p99_step_s` when none is open).
+    pub open_steps: usize,
+    pub oldest_open_s: Option<f64>,
+    pub p99_with_open_s: f64,
     pub steps: usize,
     pub window_s: f64,
     pub prompt_tokens: usize,
@@ -148,6 +167,15 @@ impl LevelRow {
             .map(|s| (s.finished - s.started).as_secs_f64())
             .collect();
         lat.sort_by(f64::total_cmp);
+        let p99_of = |first: bool| {
+            let mut v: Vec<f64> = samples
+                .iter()
+                .filter(|s| s.first == first)
+                .map(|s| (s.finished - s.started).as_secs_f64())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            (!v.is_empty()).then(|| percentile(&v, 0.99))
+        };
         let mut ttft: Vec<f64> = samples.iter().filter_map(|s| s.ttft_s).collect();
         ttft.sort_by(f64::total_cmp);
         let prompt: usize = samples.iter().map(|s| s.prompt_tokens).sum();
@@ -187,6 +215,12 @@ impl LevelRow {
             usage_hit_rate,
             ttft_p50_s: (!ttft.is_empty()).then(|| percentile(&ttft, 0.50)),
             ttft_p99_s: (!ttft.is_empty()).then(|| percentile(&ttft, 0.99)),
+            first_step_p99_s: p99_of(true),
+            later_step_p99_s: p99_of(false),
+            first_steps: samples.iter().filter(|s| s.first).count(),
+            open_steps: 0,
+            oldest_open_s: None,
+            p99_with_open_s: percentile(&lat, 0.99),
             steps,
             window_s,
             prompt_tokens: prompt,
@@ -197,6 +231,22 @@ impl LevelRow {
             error_messages,
             placement: Placement::of(samples),
         }
+    }
+}
+
+impl LevelRow {
+    /// Adds the steps in flight at the window's end, by their ages then
+    /// (seconds), to the open-step fields.
+    pub fn note_open(&mut self, samples: &[Sample], open_ages_s: &[f64]) {
+        let mut all: Vec<f64> = samples
+            .iter()
+            .map(|s| (s.finished - s.started).as_secs_f64())
+            .chain(open_ages_s.iter().copied())
+            .collect();
+        all.sort_by(f64::total_cmp);
+        self.open_steps = open_ages_s.len();
+        self.oldest_open_s = open_ages_s.iter().copied().reduce(f64::max);
+        self.p99_with_open_s = percentile(&all, 0.99);
     }
 }
 
@@ -217,6 +267,7 @@ mod tests {
             ttft_s: Some(lat_ms as f64 / 2000.0),
             program: 0,
             worker: None,
+            first: false,
         }
     }
 
@@ -267,6 +318,48 @@ mod tests {
         let f = LevelRow::failed("b", 4, "down".into());
         assert!(f.aborted && f.errors == 1 && f.steps_per_min == 0.0);
         assert!(r.placement.is_none() && v.get("placement").is_none());
+    }
+
+    #[test]
+    fn the_tail_splits_into_first_and_later_steps() {
+        let t0 = Instant::now();
+        let first = |ms| Sample {
+            first: true,
+            ..sample(t0, ms, 10, 0, 0)
+        };
+        let s = vec![
+            first(9000),
+            sample(t0, 100, 10, 0, 0),
+            sample(t0, 200, 10, 0, 0),
+        ];
+        let r = LevelRow::summarise("a", 2, 30.0, &s, None, 0, 1, false, vec![]);
+        assert_eq!(r.first_steps, 1);
+        assert!((r.first_step_p99_s.unwrap() - 9.0).abs() < 1e-6);
+        assert!((r.later_step_p99_s.unwrap() - 0.2).abs() < 1e-6);
+        assert!((r.p99_step_s - 9.0).abs() < 1e-6);
+        let none = LevelRow::summarise("a", 2, 30.0, &s[1..], None, 0, 1, false, vec![]);
+        assert_eq!((none.first_steps, none.first_step_p99_s), (0, None));
+    }
+
+    #[test]
+    fn steps_open_at_the_end_count_in_the_tail_by_their_age() {
+        let t0 = Instant::now();
+        let s: Vec<Sample> = (1..=99).map(|ms| sample(t0, ms, 10, 0, 0)).collect();
+        let mut r = LevelRow::summarise("a", 2, 30.0, &s, None, 0, 1, false, vec![]);
+        assert_eq!((r.open_steps, r.oldest_open_s), (0, None));
+        assert!((r.p99_with_open_s - r.p99_step_s).abs() < 1e-12);
+        // Two programs still waiting at the end, 50 s and 70 s so far.
+        r.note_open(&s, &[50.0, 70.0]);
+        assert_eq!((r.open_steps, r.oldest_open_s), (2, Some(70.0)));
+        assert!(
+            (r.p99_step_s - 0.099).abs() < 1e-6,
+            "finished steps unchanged"
+        );
+        assert!(
+            (r.p99_with_open_s - 50.0).abs() < 1e-9,
+            "{}",
+            r.p99_with_open_s
+        );
     }
 
     #[test]
