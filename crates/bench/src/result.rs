@@ -27,6 +27,13 @@ pub struct Sample {
     pub first: bool,
 }
 
+impl Sample {
+    /// The step's latency, seconds: sent to last token.
+    pub fn latency_s(&self) -> f64 {
+        (self.finished - self.started).as_secs_f64()
+    }
+}
+
 /// Where a Dynamo frontend sent the window's steps.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Placement {
@@ -162,16 +169,13 @@ impl LevelRow {
         error_messages: Vec<String>,
     ) -> LevelRow {
         let steps = samples.len();
-        let mut lat: Vec<f64> = samples
-            .iter()
-            .map(|s| (s.finished - s.started).as_secs_f64())
-            .collect();
+        let mut lat: Vec<f64> = samples.iter().map(Sample::latency_s).collect();
         lat.sort_by(f64::total_cmp);
         let p99_of = |first: bool| {
             let mut v: Vec<f64> = samples
                 .iter()
                 .filter(|s| s.first == first)
-                .map(|s| (s.finished - s.started).as_secs_f64())
+                .map(Sample::latency_s)
                 .collect();
             v.sort_by(f64::total_cmp);
             (!v.is_empty()).then(|| percentile(&v, 0.99))
@@ -240,7 +244,7 @@ impl LevelRow {
     pub fn note_open(&mut self, samples: &[Sample], open_ages_s: &[f64]) {
         let mut all: Vec<f64> = samples
             .iter()
-            .map(|s| (s.finished - s.started).as_secs_f64())
+            .map(Sample::latency_s)
             .chain(open_ages_s.iter().copied())
             .collect();
         all.sort_by(f64::total_cmp);
