@@ -10,6 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use agentd_bench::prom::Metrics;
 use common::{http, spawn_serve, Proc};
 
 use serde_json::Value;
@@ -289,10 +290,9 @@ fn steps_open_when_the_window_closes_count_by_their_age() {
     let child = bench_cmd(&url, &out, &args).spawn().expect("spawn bench");
     let finished = || {
         let (_, m) = http(&addr, "GET", "/metrics", None);
-        m.lines()
-            .filter(|l| l.starts_with("agentd:requests_finished_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
+        Metrics::parse(&m)
+            .get("agentd:requests_finished_total")
+            .unwrap_or(0.0)
     };
     while finished() < 8.0 {
         assert!(

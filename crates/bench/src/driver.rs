@@ -215,19 +215,18 @@ pub async fn run_level(
                 .collect()
         })
         .unwrap_or_default();
-    let mut row = LevelRow::summarise(
+    LevelRow::summarise(
         target,
         concurrency,
         window_s,
         &measured,
+        &open,
         counters.as_ref().map(Counters::as_json),
         sh.errors.load(Ordering::Relaxed),
         sh.programs_finished.load(Ordering::Relaxed),
         aborted_at.is_some(),
         sh.messages.lock().map(|m| m.clone()).unwrap_or_default(),
-    );
-    row.note_open(&measured, &open);
-    row
+    )
 }
 
 /// Server counter deltas over the window.

@@ -136,6 +136,13 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The values in ascending order, for [`percentile`].
+fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
 fn ratio(num: f64, den: f64) -> Option<f64> {
     (den > 0.0).then(|| num / den)
 }
@@ -147,6 +154,7 @@ impl LevelRow {
             target,
             concurrency,
             0.0,
+            &[],
             &[],
             None,
             1,
@@ -162,6 +170,7 @@ impl LevelRow {
         concurrency: usize,
         window_s: f64,
         samples: &[Sample],
+        open_ages_s: &[f64],
         counters: Option<Value>,
         errors: usize,
         programs_finished: usize,
@@ -169,19 +178,18 @@ impl LevelRow {
         error_messages: Vec<String>,
     ) -> LevelRow {
         let steps = samples.len();
-        let mut lat: Vec<f64> = samples.iter().map(Sample::latency_s).collect();
-        lat.sort_by(f64::total_cmp);
+        let lat = sorted(samples.iter().map(Sample::latency_s));
         let p99_of = |first: bool| {
-            let mut v: Vec<f64> = samples
-                .iter()
-                .filter(|s| s.first == first)
-                .map(Sample::latency_s)
-                .collect();
-            v.sort_by(f64::total_cmp);
+            let v = sorted(
+                samples
+                    .iter()
+                    .filter(|s| s.first == first)
+                    .map(Sample::latency_s),
+            );
             (!v.is_empty()).then(|| percentile(&v, 0.99))
         };
-        let mut ttft: Vec<f64> = samples.iter().filter_map(|s| s.ttft_s).collect();
-        ttft.sort_by(f64::total_cmp);
+        let with_open = sorted(lat.iter().chain(open_ages_s).copied());
+        let ttft = sorted(samples.iter().filter_map(|s| s.ttft_s));
         let prompt: usize = samples.iter().map(|s| s.prompt_tokens).sum();
         let output: usize = samples.iter().map(|s| s.completion_tokens).sum();
         let ideal: usize = samples.iter().map(|s| s.ideal_hit_tokens).sum();
@@ -222,9 +230,9 @@ impl LevelRow {
             first_step_p99_s: p99_of(true),
             later_step_p99_s: p99_of(false),
             first_steps: samples.iter().filter(|s| s.first).count(),
-            open_steps: 0,
-            oldest_open_s: None,
-            p99_with_open_s: percentile(&lat, 0.99),
+            open_steps: open_ages_s.len(),
+            oldest_open_s: open_ages_s.iter().copied().reduce(f64::max),
+            p99_with_open_s: percentile(&with_open, 0.99),
             steps,
             window_s,
             prompt_tokens: prompt,
@@ -235,22 +243,6 @@ impl LevelRow {
             error_messages,
             placement: Placement::of(samples),
         }
-    }
-}
-
-impl LevelRow {
-    /// Adds the steps in flight at the window's end, by their ages then
-    /// (seconds), to the open-step fields.
-    pub fn note_open(&mut self, samples: &[Sample], open_ages_s: &[f64]) {
-        let mut all: Vec<f64> = samples
-            .iter()
-            .map(Sample::latency_s)
-            .chain(open_ages_s.iter().copied())
-            .collect();
-        all.sort_by(f64::total_cmp);
-        self.open_steps = open_ages_s.len();
-        self.oldest_open_s = open_ages_s.iter().copied().reduce(f64::max);
-        self.p99_with_open_s = percentile(&all, 0.99);
     }
 }
 
@@ -289,7 +281,7 @@ mod tests {
     fn summary_rates() {
         let t0 = Instant::now();
         let s = vec![sample(t0, 100, 100, 50, 90), sample(t0, 300, 300, 150, 270)];
-        let r = LevelRow::summarise("a", 2, 30.0, &s, None, 0, 1, false, vec![]);
+        let r = LevelRow::summarise("a", 2, 30.0, &s, &[], None, 0, 1, false, vec![]);
         assert_eq!(r.steps, 2);
         assert!((r.steps_per_min - 4.0).abs() < 1e-9);
         assert!((r.output_tok_s - 20.0 / 30.0).abs() < 1e-9);
@@ -300,7 +292,7 @@ mod tests {
         assert!((r.p99_step_s - 0.3).abs() < 1e-6);
         // Metrics take precedence when the server has them.
         let c = json!({"hits": 30.0, "queries": 40.0, "preemptions": 2.0});
-        let r = LevelRow::summarise("a", 2, 30.0, &s, Some(c), 0, 1, false, vec![]);
+        let r = LevelRow::summarise("a", 2, 30.0, &s, &[], Some(c), 0, 1, false, vec![]);
         assert_eq!(r.hit_rate_source, "metrics");
         assert!((r.prefix_hit_rate - 0.75).abs() < 1e-9);
         assert_eq!(r.preemptions, Some(2.0));
@@ -336,12 +328,12 @@ mod tests {
             sample(t0, 100, 10, 0, 0),
             sample(t0, 200, 10, 0, 0),
         ];
-        let r = LevelRow::summarise("a", 2, 30.0, &s, None, 0, 1, false, vec![]);
+        let r = LevelRow::summarise("a", 2, 30.0, &s, &[], None, 0, 1, false, vec![]);
         assert_eq!(r.first_steps, 1);
         assert!((r.first_step_p99_s.unwrap() - 9.0).abs() < 1e-6);
         assert!((r.later_step_p99_s.unwrap() - 0.2).abs() < 1e-6);
         assert!((r.p99_step_s - 9.0).abs() < 1e-6);
-        let none = LevelRow::summarise("a", 2, 30.0, &s[1..], None, 0, 1, false, vec![]);
+        let none = LevelRow::summarise("a", 2, 30.0, &s[1..], &[], None, 0, 1, false, vec![]);
         assert_eq!((none.first_steps, none.first_step_p99_s), (0, None));
     }
 
@@ -349,11 +341,12 @@ mod tests {
     fn steps_open_at_the_end_count_in_the_tail_by_their_age() {
         let t0 = Instant::now();
         let s: Vec<Sample> = (1..=99).map(|ms| sample(t0, ms, 10, 0, 0)).collect();
-        let mut r = LevelRow::summarise("a", 2, 30.0, &s, None, 0, 1, false, vec![]);
+        let r = LevelRow::summarise("a", 2, 30.0, &s, &[], None, 0, 1, false, vec![]);
         assert_eq!((r.open_steps, r.oldest_open_s), (0, None));
         assert!((r.p99_with_open_s - r.p99_step_s).abs() < 1e-12);
         // Two programs still waiting at the end, 50 s and 70 s so far.
-        r.note_open(&s, &[50.0, 70.0]);
+        let open = [50.0, 70.0];
+        let r = LevelRow::summarise("a", 2, 30.0, &s, &open, None, 0, 1, false, vec![]);
         assert_eq!((r.open_steps, r.oldest_open_s), (2, Some(70.0)));
         assert!(
             (r.p99_step_s - 0.099).abs() < 1e-6,
