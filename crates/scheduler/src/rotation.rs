@@ -85,6 +85,12 @@ impl ProgramScheduler {
         now - q.admitted_at >= bound.after_s && (!bound.gated || q.phase == Phase::Acting)
     }
 
+    /// Whether `q`'s context is parked on `l`: paused there, so only the
+    /// tiers keep its KV.
+    fn parked_on(q: &Program, l: usize) -> bool {
+        q.state == State::Paused && q.replica == Some(l)
+    }
+
     /// Blocks a context parked by pausing `q` takes in the tier: its
     /// context, or what it holds when decoding grew it past the last
     /// request (as [`Self::mark_paused`] records it). One measure for the
@@ -98,7 +104,7 @@ impl ProgramScheduler {
     pub(crate) fn parked_blocks(&self, l: usize, mem: &dyn Memory) -> f64 {
         self.programs
             .values()
-            .filter(|q| q.state == State::Paused && q.replica == Some(l))
+            .filter(|q| Self::parked_on(q, l))
             .map(|q| Self::parked_size(q, 0, mem))
             .sum()
     }
@@ -116,7 +122,7 @@ impl ProgramScheduler {
         let leaving: f64 = unit
             .iter()
             .filter_map(|m| self.programs.get(m))
-            .filter(|q| q.state == State::Paused && q.replica == Some(l))
+            .filter(|q| Self::parked_on(q, l))
             .map(|q| Self::parked_size(q, 0, mem))
             .sum();
         let parking: f64 = victims
