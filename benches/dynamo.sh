@@ -20,20 +20,14 @@ cd "$(dirname "$0")/.."
 MODE=${1:-route}
 OUT=${OUT:-benches/results}
 WORK=${WORK:-/var/tmp/agentd-dynamo}
-CARD=${CARD:-models/qwen3-bench.json}
-# The same model directory as benches/agentic.sh.
-MODEL_DIR=${MODEL_DIR:-/var/tmp/agentd-agentic/model}
-DYNAMO_VENV=${DYNAMO_VENV:-/var/tmp/dynamo-venv}
-BLOCK=${BLOCK:-32}
-KV_TOKENS=${KV_TOKENS:-32768}          # per worker
-MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}
-BATCH_TOKENS=${BATCH_TOKENS:-2048}
-MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
+# Two workers of half the single-engine pool each: 32,768 KV tokens per worker.
+KV_TOKENS=${KV_TOKENS:-32768}
 # Router configurations to measure: kv (the KV-aware router alone) and kv-affinity (plus
 # Dynamo's session affinity on x-dynamo-session-id, idle TTL $AFFINITY_TTL s).
 ROUTERS=${ROUTERS:-kv kv-affinity}
 AFFINITY_TTL=${AFFINITY_TTL:-600}
 FAILURE_ROUTER=${FAILURE_ROUTER:-kv-affinity}
+# One level below the knee: this measures placement and failure, not thrashing.
 CONC=${CONC:-8}
 DURATION=${DURATION:-60}
 WARMUP=${WARMUP:-15}
@@ -42,53 +36,30 @@ WARMUP=${WARMUP:-15}
 FAIL_DURATION=${FAIL_DURATION:-50}
 KILL_AT=${KILL_AT:-35}
 AFTER_DURATION=${AFTER_DURATION:-20}
-SEED=${SEED:-1}
-WORKLOAD=${WORKLOAD:-swe}
-SYSTEM_TOKENS=${SYSTEM_TOKENS:-1024}
-TASK_TOKENS=${TASK_TOKENS:-128:256}
-TURNS=${TURNS:-8:16}
-TOOL_TOKENS=${TOOL_TOKENS:-256}
-OUTPUT_TOKENS=${OUTPUT_TOKENS:-8:24}
-TOOL_TIME=${TOOL_TIME:-lognormal:1:0.5}
+# Requests on the killed worker fail rather than wait; 120 s bounds the run's length.
 REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-120}
-START_TIMEOUT=${START_TIMEOUT:-240}
 PORT_FRONTEND=${PORT_FRONTEND:-18200}
 PORT_AGENTD=${PORT_AGENTD:-18201}      # worker w on + w
 PORT_ZMQ=${PORT_ZMQ:-20180}            # worker w publishes on + 10 w, replay on + 10 w + 1
 PORT_DYN=${PORT_DYN:-21200}            # Dynamo's per-process RPC/response/system ports
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-AGENTD=${AGENTD:-$CARGO_TARGET_DIR/release/agentd}
+# The workload, the model (the same directory as benches/agentic.sh), the serving
+# shape and the process helpers: benches/lib/common.sh.
+. benches/lib/common.sh
 PY=$DYNAMO_VENV/bin/python
 
 case "$MODE" in route|failure|all) ;; -h|--help) sed -n 2,16p "$0"; exit 0 ;;
   *) echo "usage: $0 [route|failure|all]" >&2; exit 2 ;; esac
-[ -x "$AGENTD" ] || { echo "no agentd binary at $AGENTD (cargo build --release)" >&2; exit 1; }
+need_agentd
 [ -x "$PY" ] && "$PY" -c "import dynamo.frontend" 2>/dev/null \
   || { echo "no Dynamo in $DYNAMO_VENV (benches/install_dynamo.sh)" >&2; exit 1; }
+engine_shape
 mkdir -p "$OUT" "$WORK"
-if [ ! -f "$MODEL_DIR/.complete" ]; then
-  "$AGENTD" make-model --config "$CARD" --out "$MODEL_DIR" --seed 1
-  touch "$MODEL_DIR/.complete"
-fi
+ensure_model
+kv_geometry
 DISC=$WORK/discovery
 rm -rf "$DISC" "$WORK"/*.log "$WORK"/STOP-*
 
-pids=()
-gone() { # PID: exited (a zombie not yet reaped counts as gone)
-  local st
-  st=$(ps -o stat= -p "$1" 2>/dev/null || true)
-  [ -z "$st" ] || [[ $st == Z* ]]
-}
-stop_pid() { # PID: TERM, up to 15 s for Dynamo's graceful shutdown, then KILL
-  local p=$1
-  if gone "$p"; then wait "$p" 2>/dev/null || true; return 0; fi
-  kill "$p" 2>/dev/null || true
-  for _ in $(seq 1 30); do gone "$p" && { wait "$p" 2>/dev/null || true; return 0; }; sleep 0.5; done
-  kill -9 "$p" 2>/dev/null || true
-  wait "$p" 2>/dev/null || true
-}
-cleanup() { for p in "${pids[@]}"; do stop_pid "$p"; done; }
-trap cleanup EXIT
+trap stop_all EXIT
 
 export DYN_DISCOVERY_BACKEND=file DYN_FILE_KV=$DISC DYN_EVENT_PLANE=zmq DYN_REQUEST_PLANE=tcp
 export DYN_TCP_RPC_HOST=127.0.0.1 DYN_EVENT_PLANE_HOST=127.0.0.1
@@ -97,47 +68,31 @@ dyn_ports() { # N: per-process Dynamo ports
   echo "DYN_TCP_RPC_PORT=$((PORT_DYN + 3 * $1)) DYN_TCP_RESPONSE_STREAM_PORT=$((PORT_DYN + 3 * $1 + 1)) DYN_SYSTEM_PORT=$((PORT_DYN + 3 * $1 + 2))"
 }
 
-wait_until() { # SECONDS DESCRIPTION PID COMMAND...: polls COMMAND every 0.5 s
-  local secs=$1 what=$2 pid=$3; shift 3
-  local end=$((SECONDS + secs))
-  while ! "$@" >/dev/null 2>&1; do
-    if [ -n "$pid" ] && gone "$pid"; then echo "$what: process $pid died" >&2; return 1; fi
-    if [ $SECONDS -ge $end ]; then echo "$what: not ready after $secs s" >&2; return 1; fi
-    sleep 0.5
-  done
-}
 instances() { ls "$DISC"/v1/instances 2>/dev/null | grep -c 'backend%2Fgenerate' || true; }
 have_instances() { [ "$(instances)" -ge "$1" ]; }
 
-KV_BLOCKS=$((KV_TOKENS / BLOCK))
 agentd_pid=(); adapter_pid=()
 start_worker() { # W
   local w=$1 http=$((PORT_AGENTD + $1)) zmq=$((PORT_ZMQ + 10 * $1))
-  RUST_LOG=${RUST_LOG:-warn} "$AGENTD" serve --model "$MODEL_DIR" --dtype float32 \
-    --num-kv-blocks "$KV_BLOCKS" --block-size "$BLOCK" --max-model-len "$MAX_MODEL_LEN" \
-    --max-num-batched-tokens "$BATCH_TOKENS" --max-num-seqs "$MAX_NUM_SEQS" --max-waiting 100000 \
-    --host 127.0.0.1 --port "$http" --program-lease-s 300 \
-    --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"topic\":\"kv-events\",\"endpoint\":\"tcp://*:$zmq\",\"replay_endpoint\":\"tcp://*:$((zmq + 1))\"}" \
-    >"$WORK/agentd-$w.log" 2>&1 &
-  agentd_pid[$w]=$!; pids+=($!)
-  wait_until "$START_TIMEOUT" "agentd worker $w" "${agentd_pid[$w]}" curl -sf "http://127.0.0.1:$http/health"
-  env $(dyn_ports "$w") PYTHONPATH=. "$PY" -m integrations.dynamo.agentd_backend \
+  serve_agentd "$http" "$WORK/agentd-$w.log" --program-lease-s 300 \
+    --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"topic\":\"kv-events\",\"endpoint\":\"tcp://*:$zmq\",\"replay_endpoint\":\"tcp://*:$((zmq + 1))\"}"
+  agentd_pid[$w]=$SPAWNED
+  spawn "$WORK/adapter-$w.log" env $(dyn_ports "$w") PYTHONPATH=. "$PY" -m integrations.dynamo.agentd_backend \
     --agentd-url "http://127.0.0.1:$http" --model-path "$MODEL_DIR" \
     --kv-events-endpoint "tcp://127.0.0.1:$zmq" --kv-events-topic kv-events \
     --max-num-seqs "$MAX_NUM_SEQS" --max-num-batched-tokens "$BATCH_TOKENS" \
-    --discovery-backend file --event-plane zmq >"$WORK/adapter-$w.log" 2>&1 &
-  adapter_pid[$w]=$!; pids+=($!)
+    --discovery-backend file --event-plane zmq
+  adapter_pid[$w]=$SPAWNED
 }
 
 frontend_pid=
 start_frontend() { # ROUTER-CONFIG
   local flags=(--router-mode kv)
   [ "$1" = kv-affinity ] && flags+=(--router-session-affinity-ttl-secs "$AFFINITY_TTL")
-  env $(dyn_ports 9) "$PY" -m dynamo.frontend "${flags[@]}" --http-host 127.0.0.1 \
-    --http-port "$PORT_FRONTEND" --discovery-backend file --event-plane zmq \
-    >"$WORK/frontend-$1.log" 2>&1 &
-  frontend_pid=$!; pids+=($!)
-  wait_until "$START_TIMEOUT" "Dynamo frontend ($1)" "$frontend_pid" \
+  spawn "$WORK/frontend-$1.log" env $(dyn_ports 9) "$PY" -m dynamo.frontend "${flags[@]}" \
+    --http-host 127.0.0.1 --http-port "$PORT_FRONTEND" --discovery-backend file --event-plane zmq
+  frontend_pid=$SPAWNED
+  wait_until "$START_TIMEOUT" "Dynamo frontend ($1)" "$frontend_pid" "$WORK/frontend-$1.log" \
     sh -c "curl -sf http://127.0.0.1:$PORT_FRONTEND/v1/models | grep -q '\"id\"'"
   sleep 2   # the router's view of both workers (discovery watch, KV-event subscription)
 }
@@ -173,30 +128,27 @@ watch_pid=
 start_watch() { # NAME
   rm -f "$WORK/STOP-$1"
   # Each worker's whole event history comes first from its replay socket (vLLM's protocol).
-  "$PY" benches/dynamo_watch.py --out "$WORK/watch-$1.json" --stop-file "$WORK/STOP-$1" \
+  spawn "$WORK/watch-$1.txt" "$PY" benches/dynamo_watch.py --out "$WORK/watch-$1.json" --stop-file "$WORK/STOP-$1" \
     --max-s $((WARMUP + DURATION + FAIL_DURATION + AFTER_DURATION + 3 * REQUEST_TIMEOUT)) \
     ${WATCH_DUMP:+--dump "$WATCH_DUMP/$1"} \
     --worker "agentd-0=http://127.0.0.1:$PORT_AGENTD,tcp://127.0.0.1:$PORT_ZMQ,tcp://127.0.0.1:$((PORT_ZMQ + 1))" \
-    --worker "agentd-1=http://127.0.0.1:$((PORT_AGENTD + 1)),tcp://127.0.0.1:$((PORT_ZMQ + 10)),tcp://127.0.0.1:$((PORT_ZMQ + 11))" \
-    >"$WORK/watch-$1.txt" 2>&1 &
-  watch_pid=$!; pids+=($!)
+    --worker "agentd-1=http://127.0.0.1:$((PORT_AGENTD + 1)),tcp://127.0.0.1:$((PORT_ZMQ + 10)),tcp://127.0.0.1:$((PORT_ZMQ + 11))"
+  watch_pid=$SPAWNED
 }
 stop_watch() { # NAME
   touch "$WORK/STOP-$1"
   for _ in $(seq 1 40); do gone "$watch_pid" && break; sleep 0.5; done
-  stop_pid "$watch_pid"
+  stop_tree "$watch_pid"
   cat "$WORK/watch-$1.txt"
 }
 
+workload_flags
 bench() { # NAME DURATION WARMUP EXTRA...: one level through the frontend, bounded in time
   local name=$1 dur=$2 warm=$3; shift 3
   timeout $((warm + dur + 2 * REQUEST_TIMEOUT + 60)) "$AGENTD" bench \
     --dynamo-target "$name=http://127.0.0.1:$PORT_FRONTEND" --no-progress \
-    --workload "$WORKLOAD" --concurrency "$CONC" --duration-s "$dur" --warmup-s "$warm" \
-    --seed "$SEED" --system-tokens "$SYSTEM_TOKENS" --task-tokens "$TASK_TOKENS" \
-    --turns "$TURNS" --tool-tokens "$TOOL_TOKENS" --output-tokens "$OUTPUT_TOKENS" \
-    --tool-time "$TOOL_TIME" --max-context "$((MAX_MODEL_LEN - 64))" \
-    --request-timeout-s "$REQUEST_TIMEOUT" --block-size 1 \
+    "${WORKLOAD_FLAGS[@]}" --concurrency "$CONC" --duration-s "$dur" --warmup-s "$warm" \
+    --block-size 1 \
     --json "$OUT/dynamo-$name.json" "$@"
 }
 
@@ -237,7 +189,7 @@ PY
   echo
   echo "Run $(date -u +%FT%TZ) on $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo "Model \`$CARD\` (random weights, float32); each worker \`agentd serve\` with $KV_BLOCKS blocks x $BLOCK tokens;"
-  echo "workload $WORKLOAD: system $SYSTEM_TOKENS, task $TASK_TOKENS, turns $TURNS, tool $TOOL_TOKENS, output $OUTPUT_TOKENS, tool time $TOOL_TIME; concurrency $CONC."
+  echo "workload $(workload_line); concurrency $CONC; agentd $(agentd_line)."
   echo
 } >"$WORK/report.md"
 
@@ -256,7 +208,7 @@ if [ "$MODE" = route ] || [ "$MODE" = all ]; then
     set -e
     stop_watch "$r"
     relay >"$WORK/relay-$r.txt"
-    stop_pid "$frontend_pid"
+    stop_tree "$frontend_pid"
     { echo "## router: $r (frontend --router-mode kv$([ "$r" = kv-affinity ] && echo " --router-session-affinity-ttl-secs $AFFINITY_TTL"))"
       echo; echo "bench exit $rc"; echo; summary "$r"; cat "$WORK/relay-$r.txt"; echo; } >>"$WORK/report.md"
   done
@@ -267,9 +219,9 @@ if [ "$MODE" = failure ] || [ "$MODE" = all ]; then
   start_frontend "$r"
   start_watch failure
   set +e
-  bench failure "$FAIL_DURATION" "$WARMUP" --max-errors 1000000 --max-consecutive-errors 1000000 \
-    >"$WORK/bench-failure.txt" 2>&1 &
-  bench_pid=$!; pids+=($bench_pid)
+  spawn "$WORK/bench-failure.txt" bench failure "$FAIL_DURATION" "$WARMUP" \
+    --max-errors 1000000 --max-consecutive-errors 1000000
+  bench_pid=$SPAWNED
   sleep "$KILL_AT"
   killed_at=$SECONDS
   kill -9 "${agentd_pid[1]}"
@@ -286,7 +238,7 @@ if [ "$MODE" = failure ] || [ "$MODE" = all ]; then
   set -e
   stop_watch failure
   relay >"$WORK/relay-failure.txt"
-  stop_pid "$frontend_pid"
+  stop_tree "$frontend_pid"
   cat "$WORK/bench-failure.txt" "$WORK/bench-after.txt"
   { echo "## failure: agentd worker 1 killed (SIGKILL) ${KILL_AT} s into the run (router $r)"
     echo

@@ -4,35 +4,52 @@
 # and KV capacity, one `agentd bench` sweep over both. The binary comes built
 # (cargo build --release --features cuda; stripped into .gpu/agentd).
 #   benches/gpu-agentic.sh          # writes $OUT/gpu-agentic.{json,svg,md}
+# Every knob is an environment variable, below or in benches/lib/common.sh.
 set -uo pipefail
-BIN=${AGENTD_BIN:-.gpu/agentd}
+cd "$(dirname "$0")/.."
+AGENTD=${AGENTD_BIN:-${AGENTD:-.gpu/agentd}}
 OUT=${OUT:-benches/results}
 WORK=${WORK:-/tmp/agentd-gpu-agentic}
-KV_BLOCKS=${KV_BLOCKS:-8192}         # x 16 tokens = 131,072 KV tokens per server
+CARD=${CARD:-models/qwen3-0.6b.json}
+MODEL_DIR=${MODEL_DIR:-$WORK/model}
+# What differs from the CPU benchmarks, and why: no vLLM here, so agentd's own
+# block size (16) and dtype; 131,072 KV tokens (8192 blocks of 16) is about a
+# quarter of the working set at 64 programs; a GPU runs a model call in tens of
+# milliseconds, so the workload is closer to the swe preset's own (its 2k system
+# prompt, 300-800-token tasks and 2 s tools; 512-token tool outputs, 16-48
+# output tokens) and the batch budget is 8,192 tokens a step.
+BLOCK=${BLOCK:-16}
+DTYPE=${DTYPE-}
+KV_TOKENS=${KV_TOKENS:-131072}
+BATCH_TOKENS=${BATCH_TOKENS:-8192}
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-16064}
 CONC=${CONC:-16,64}
 DURATION=${DURATION:-40}
 WARMUP=${WARMUP:-10}
+SYSTEM_TOKENS=${SYSTEM_TOKENS:-2048}
+TASK_TOKENS=${TASK_TOKENS:-300:800}
+TOOL_TOKENS=${TOOL_TOKENS:-512}
+OUTPUT_TOKENS=${OUTPUT_TOKENS:-16:48}
+TOOL_TIME=${TOOL_TIME:-lognormal:2:0.5}
+REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-120}
+. benches/lib/common.sh
+need_agentd || exit 1
+engine_shape || exit 1
 dirs=""
 for f in $(find / -xdev -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -3); do
   dirs="$dirs:$(dirname "$f")"
 done
 export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 mkdir -p "$WORK" "$OUT"
-[ -f "$WORK/model/config.json" ] || "$BIN" make-model --config models/qwen3-0.6b.json --out "$WORK/model" --seed 1 || exit 1
-common=(serve "$WORK/model" --device cuda --num-kv-blocks "$KV_BLOCKS" --max-num-seqs 256
-        --max-num-batched-tokens 8192 --max-waiting 100000)
-NO_COLOR=1 "$BIN" "${common[@]}" --scheduler program --port 18201 >"$WORK/program.log" 2>&1 &
-p1=$!
-NO_COLOR=1 "$BIN" "${common[@]}" --scheduler request --port 18202 >"$WORK/request.log" 2>&1 &
-p2=$!
-trap 'kill $p1 $p2 2>/dev/null' EXIT
-for port in 18201 18202; do
-  for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
-done
-"$BIN" bench --target agentd-request=http://127.0.0.1:18202 --target agentd-program=http://127.0.0.1:18201 \
-  --workload swe --concurrency "$CONC" --duration-s "$DURATION" --warmup-s "$WARMUP" --seed 1 \
-  --system-tokens 2048 --turns 8:16 --tool-tokens 512 --output-tokens 16:48 \
-  --tool-time lognormal:2:0.5 --max-context 16000 --request-timeout-s 120 --max-errors 100000 \
+ensure_model || exit 1
+KV_BLOCKS=$((KV_TOKENS / BLOCK))
+trap stop_all EXIT
+serve_agentd 18201 "$WORK/program.log" --device cuda --scheduler program || exit 1
+serve_agentd 18202 "$WORK/request.log" --device cuda --scheduler request || exit 1
+workload_flags
+"$AGENTD" bench --target agentd-request=http://127.0.0.1:18202 --target agentd-program=http://127.0.0.1:18201 \
+  "${WORKLOAD_FLAGS[@]}" --concurrency "$CONC" --duration-s "$DURATION" --warmup-s "$WARMUP" \
+  --max-errors 100000 \
   --json "$OUT/gpu-agentic.json" --plot "$OUT/gpu-agentic.svg" --markdown "$OUT/gpu-agentic.md"
 rc=$?
 tail -n 3 "$WORK/program.log" "$WORK/request.log"

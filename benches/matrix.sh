@@ -21,6 +21,8 @@ WORKLOADS=${WORKLOADS:-swe long}
 CONC=${CONC:-8,16,48,96}
 DURATION=${DURATION:-60}
 WARMUP=${WARMUP:-30}
+# LONG_WORKLOAD (and the swe defaults agentic.sh reads): benches/lib/common.sh.
+. benches/lib/common.sh
 extra=()
 [ "${NO_VLLM:-0}" = 1 ] && extra+=(--no-vllm)
 mkdir -p "$OUT"
@@ -30,8 +32,8 @@ for card in $CARDS; do
     cell="$OUT/$shape-$w"
     mkdir -p "$cell"
     case "$w" in
-      swe) env_w=(SYSTEM_TOKENS=1024 TASK_TOKENS=128:256 TURNS=8:16 TOOL_TOKENS=256 OUTPUT_TOKENS=8:24) ;;
-      long) env_w=(SYSTEM_TOKENS=1024 TASK_TOKENS=1024:2048 TURNS=6:10 TOOL_TOKENS=512 OUTPUT_TOKENS=32:64) ;;
+      swe) env_w=() ;;
+      long) env_w=("${LONG_WORKLOAD[@]}") ;;
       *) echo "unknown workload $w" >&2; exit 2 ;;
     esac
     echo "== $shape x $w (concurrency $CONC)"

@@ -18,99 +18,36 @@
 # return); programs are Dynamo sessions (x-dynamo-session-id) ended by a separate final
 # request (x-dynamo-session-final, answered by ThunderAgent itself: --dynamo-final terminal).
 # Needs benches/install_vllm.sh and benches/install_dynamo.sh. Writes
-# $OUT/thunderagent.{json,svg,md}. Every knob is an environment variable below; every wait has
-# a timeout; every process started here is stopped on exit. Never run in CI.
+# $OUT/thunderagent.{json,svg,md}. Every knob is an environment variable, below or in
+# benches/lib/common.sh; every wait has a timeout; every process started here is stopped
+# (with its descendants) on exit. Never run in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-benches/results}
 WORK=${WORK:-/var/tmp/agentd-thunderagent}
-CARD=${CARD:-models/qwen3-bench.json}
-MODEL_DIR=${MODEL_DIR:-/var/tmp/agentd-agentic/model}
-DYNAMO_VENV=${DYNAMO_VENV:-/var/tmp/dynamo-venv}
 TARGETS=${TARGETS:-agentd-program ta-vllm ta-agentd}
-# As benches/agentic.sh: vLLM's CPU attention wants blocks that are a multiple of 32 tokens;
-# ThunderAgent's router is told the same block size.
-BLOCK=${BLOCK:-32}
-KV_TOKENS=${KV_TOKENS:-65536}
-MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}
-MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
-BATCH_TOKENS=${BATCH_TOKENS:-2048}
-CONC=${CONC:-8,16,32,64,96}
-DURATION=${DURATION:-60}
-WARMUP=${WARMUP:-40}
-SEED=${SEED:-1}
-WORKLOAD=${WORKLOAD:-swe}
-SYSTEM_TOKENS=${SYSTEM_TOKENS:-1024}
-TASK_TOKENS=${TASK_TOKENS:-128:256}
-TURNS=${TURNS:-8:16}
-TOOL_TOKENS=${TOOL_TOKENS:-256}
-OUTPUT_TOKENS=${OUTPUT_TOKENS:-8:24}
-TOOL_TIME=${TOOL_TIME:-lognormal:1:0.5}
-REQUEST_TIMEOUT=${REQUEST_TIMEOUT:-300}
-# agentd's program-scheduler flags. The engine's default hysteresis (lambda_min 0.95) here:
-# on this 65,536-token pool at 64 programs it gave p99 28.0 s against 35.8-36.5 s for 0.8-0.9
-# at the same steps/min (one standalone run each), and 1.41-1.73x ta-vllm in
-# benches/results/thunderagent-l95.md.
-PROGRAM_FLAGS=${PROGRAM_FLAGS:---lambda-min 0.95}
-# agentd-host's flags beyond PROGRAM_FLAGS (target agentd-host).
-HOST_FLAGS=${HOST_FLAGS:---num-host-kv-blocks 16384}
 # ThunderAgent's own knobs, passed as they are (e.g. "--pause-threshold 0.9").
 TA_FLAGS=${TA_FLAGS:-}
-START_TIMEOUT=${START_TIMEOUT:-600}
 PORT_BASE=${PORT_BASE:-18600}   # agentd-program +1, ta-agentd's agentd +2, agentd-host +3, frontends +10 / +20
 PORT_DYN=${PORT_DYN:-21600}     # Dynamo's per-process RPC/response/system ports
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-AGENTD=${AGENTD:-$CARGO_TARGET_DIR/release/agentd}
+# The workload, the model (the same directory as benches/agentic.sh), the
+# serving shape (the same KV tokens and block size for every engine;
+# ThunderAgent's router is told the same block size), PROGRAM_FLAGS, HOST_FLAGS
+# (target agentd-host) and the process helpers: benches/lib/common.sh.
+. benches/lib/common.sh
 PY=$DYNAMO_VENV/bin/python
 
-[ -x "$AGENTD" ] || { echo "no agentd binary at $AGENTD (cargo build --release)" >&2; exit 1; }
+need_agentd
 [ -x "$PY" ] && "$PY" -c "import dynamo.thunderagent_router" 2>/dev/null \
   || { echo "no Dynamo in $DYNAMO_VENV (benches/install_dynamo.sh)" >&2; exit 1; }
+engine_shape
 mkdir -p "$OUT" "$WORK"
 rm -rf "$WORK"/disc-* "$WORK"/*.log "$WORK"/*.ipc
-if [ ! -f "$MODEL_DIR/.complete" ]; then
-  "$AGENTD" make-model --config "$CARD" --out "$MODEL_DIR" --seed 1
-  touch "$MODEL_DIR/.complete"
-fi
-field() { grep -o "\"$1\": *[0-9]*" "$MODEL_DIR/config.json" | grep -o '[0-9]*$'; }
-BYTES_PER_TOKEN=$((2 * $(field num_hidden_layers) * $(field num_key_value_heads) * $(field head_dim) * 4))
-KV_BLOCKS=$((KV_TOKENS / BLOCK))
-KV_BYTES=$((KV_BLOCKS * BLOCK * BYTES_PER_TOKEN))
+ensure_model
+kv_geometry
 NAME=$(basename "$MODEL_DIR")
-
-pids=()
-gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null || true); [ -z "$st" ] || [[ $st == Z* ]]; }
-descendants() { local c; for c in $(pgrep -P "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done; }
-tree() { echo "$1"; descendants "$1"; }   # a process and all its descendants
-stop_pid() {
-  # dynamo.vllm's engine core and Dynamo's helpers are (grand)children: they
-  # outlived their parent's kill, and a run's cleanup returned while they
-  # still ran for tens of seconds (2026-12-02). Stop the whole tree and wait
-  # for every member.
-  local p=$1 q alive all
-  read -r -a all <<<"$(tree "$p" | tr '\n' ' ')"
-  kill -TERM "${all[@]}" 2>/dev/null || true
-  for _ in $(seq 1 40); do
-    alive=0
-    for q in "${all[@]}"; do gone "$q" || alive=1; done
-    [ "$alive" = 0 ] && break
-    sleep 0.5
-  done
-  kill -9 "${all[@]}" 2>/dev/null || true
-  wait "$p" 2>/dev/null || true
-}
-cleanup() { for p in "${pids[@]}"; do stop_pid "$p"; done; }
-trap cleanup EXIT
-wait_until() { # SECONDS DESCRIPTION PID LOG COMMAND...
-  local secs=$1 what=$2 pid=$3 log=$4; shift 4
-  local end=$((SECONDS + secs))
-  while ! "$@" >/dev/null 2>&1; do
-    if gone "$pid"; then echo "$what died; see $log" >&2; tail -20 "$log" >&2; return 1; fi
-    if [ $SECONDS -ge $end ]; then echo "$what not ready after $secs s; see $log" >&2; return 1; fi
-    sleep 1
-  done
-}
+trap stop_all EXIT
 
 export DYN_EVENT_PLANE=zmq DYN_REQUEST_PLANE=tcp DYN_TCP_RPC_HOST=127.0.0.1
 export DYN_EVENT_PLANE_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 DYN_SYSTEM_HOST=127.0.0.1
@@ -120,27 +57,17 @@ dyn() { # STACK N CMD...: a Dynamo process of STACK (its own discovery dir), pro
     DYN_TCP_RPC_PORT=$((PORT_DYN + 3 * n)) DYN_TCP_RESPONSE_STREAM_PORT=$((PORT_DYN + 3 * n + 1)) \
     DYN_SYSTEM_PORT=$((PORT_DYN + 3 * n + 2)) "$@"
 }
-serve_agentd() { # PORT LOG EXTRA...
-  local port=$1 log=$2; shift 2
-  RUST_LOG=${RUST_LOG:-warn} "$AGENTD" serve --model "$MODEL_DIR" --dtype float32 \
-    --num-kv-blocks "$KV_BLOCKS" --block-size "$BLOCK" --max-num-seqs "$MAX_NUM_SEQS" \
-    --max-num-batched-tokens "$BATCH_TOKENS" --max-model-len "$MAX_MODEL_LEN" --max-waiting 100000 \
-    --host 127.0.0.1 --port "$port" "$@" >"$log" 2>&1 &
-  pids+=($!)
-  wait_until "$START_TIMEOUT" "agentd on :$port" "$!" "$log" curl -sf "http://127.0.0.1:$port/health"
-}
 # ThunderAgent router + frontend of STACK, on frontend port FPORT (process slots N, N+1).
 front() { # STACK N FPORT
   local stack=$1 n=$2 fport=$3 ta_flags=()
   read -r -a ta_flags <<<"$TA_FLAGS"
-  dyn "$stack" "$n" "$PY" -m dynamo.thunderagent_router --endpoint dynamo.backend.generate \
-    --model-name "$NAME" --model-path "$MODEL_DIR" --router-block-size "$BLOCK" "${ta_flags[@]}" \
-    >"$WORK/$stack-router.log" 2>&1 &
-  pids+=($!); local router=$!
-  dyn "$stack" $((n + 1)) "$PY" -m dynamo.frontend --router-mode round-robin \
-    --http-host 127.0.0.1 --http-port "$fport" >"$WORK/$stack-frontend.log" 2>&1 &
-  pids+=($!)
-  wait_until "$START_TIMEOUT" "$stack frontend" "$!" "$WORK/$stack-frontend.log" \
+  spawn "$WORK/$stack-router.log" dyn "$stack" "$n" "$PY" -m dynamo.thunderagent_router \
+    --endpoint dynamo.backend.generate --model-name "$NAME" --model-path "$MODEL_DIR" \
+    --router-block-size "$BLOCK" "${ta_flags[@]}"
+  local router=$SPAWNED
+  spawn "$WORK/$stack-frontend.log" dyn "$stack" $((n + 1)) "$PY" -m dynamo.frontend \
+    --router-mode round-robin --http-host 127.0.0.1 --http-port "$fport"
+  wait_until "$START_TIMEOUT" "$stack frontend" "$SPAWNED" "$WORK/$stack-frontend.log" \
     sh -c "curl -sf http://127.0.0.1:$fport/v1/models | grep -q '\"$NAME\"'"
   gone "$router" && { echo "$stack: ThunderAgent router died; see $WORK/$stack-router.log" >&2; return 1; }
   # One real completion through the whole stack before measuring.
@@ -165,26 +92,24 @@ for t in $TARGETS; do
       # agentd's own scheduler stays in (program policy), ThunderAgent gates in front of it.
       serve_agentd $((PORT_BASE + 2)) "$WORK/agentd-ta.log" --scheduler program \
         --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"topic\":\"kv-events\",\"endpoint\":\"tcp://*:$((PORT_BASE + 30))\"}"
-      dyn ta-agentd 0 env PYTHONPATH=. "$PY" -m integrations.dynamo.agentd_backend \
+      spawn "$WORK/ta-agentd-worker.log" dyn ta-agentd 0 env PYTHONPATH=. "$PY" -m integrations.dynamo.agentd_backend \
         --agentd-url "http://127.0.0.1:$((PORT_BASE + 2))" --model-path "$MODEL_DIR" \
         --kv-events-endpoint "tcp://127.0.0.1:$((PORT_BASE + 30))" --kv-events-topic kv-events \
         --max-num-seqs "$MAX_NUM_SEQS" --max-num-batched-tokens "$BATCH_TOKENS" \
-        --endpoint-types none --discovery-backend file --event-plane zmq >"$WORK/ta-agentd-worker.log" 2>&1 &
-      pids+=($!)
-      wait_until "$START_TIMEOUT" "ta-agentd adapter" "$!" "$WORK/ta-agentd-worker.log" \
+        --endpoint-types none --discovery-backend file --event-plane zmq
+      wait_until "$START_TIMEOUT" "ta-agentd adapter" "$SPAWNED" "$WORK/ta-agentd-worker.log" \
         sh -c "ls $WORK/disc-ta-agentd/v1/instances | grep -q 'backend%2Fgenerate'"
       front ta-agentd 1 $((PORT_BASE + 10))
       dynamo_targets+=(--dynamo-target "ta-agentd=http://127.0.0.1:$((PORT_BASE + 10))") ;;
     ta-vllm)
       # A tcp:// KV-event endpoint makes this vLLM connect instead of bind (no events): ipc.
-      dyn ta-vllm 4 env -u VLLM_CPU_KVCACHE_SPACE VLLM_TARGET_DEVICE=cpu "$PY" -m dynamo.vllm \
+      spawn "$WORK/ta-vllm-worker.log" dyn ta-vllm 4 env -u VLLM_CPU_KVCACHE_SPACE VLLM_TARGET_DEVICE=cpu "$PY" -m dynamo.vllm \
         --model "$MODEL_DIR" --served-model-name "$NAME" --dtype float32 --max-model-len "$MAX_MODEL_LEN" \
         --block-size "$BLOCK" --kv-cache-memory-bytes "$KV_BYTES" --max-num-seqs "$MAX_NUM_SEQS" \
         --max-num-batched-tokens "$BATCH_TOKENS" --endpoint-types none \
         --kv-events-config "{\"publisher\":\"zmq\",\"topic\":\"kv-events\",\"endpoint\":\"ipc://$WORK/kv-events.ipc\",\"enable_kv_cache_events\":true}" \
-        --discovery-backend file --event-plane zmq >"$WORK/ta-vllm-worker.log" 2>&1 &
-      pids+=($!)
-      wait_until "$START_TIMEOUT" "dynamo.vllm worker (vLLM-cpu starts in minutes)" "$!" "$WORK/ta-vllm-worker.log" \
+        --discovery-backend file --event-plane zmq
+      wait_until "$START_TIMEOUT" "dynamo.vllm worker (vLLM-cpu starts in minutes)" "$SPAWNED" "$WORK/ta-vllm-worker.log" \
         sh -c "ls $WORK/disc-ta-vllm/v1/instances | grep -q 'backend%2Fgenerate'"
       front ta-vllm 5 $((PORT_BASE + 20))
       dynamo_targets+=(--dynamo-target "ta-vllm=http://127.0.0.1:$((PORT_BASE + 20))") ;;
@@ -195,27 +120,16 @@ vllm_kv_line=$(grep -o "KV cache size: [0-9,]* tokens" "$WORK/ta-vllm-worker.log
 
 # CPU the started stacks burn while idle (all targets are up during each
 # target's levels): seconds of CPU per second over IDLE_PROBE_S, whole trees.
-tree_ticks() {
-  local t=0 q f
-  for q in "$@"; do
-    for f in $(tree "$q"); do
-      [ -r "/proc/$f/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$f/stat" 2>/dev/null || echo 0)))
-    done
-  done
-  echo "$t"
-}
 IDLE_PROBE_S=${IDLE_PROBE_S:-10}
-t0=$(tree_ticks "${pids[@]}"); sleep "$IDLE_PROBE_S"; t1=$(tree_ticks "${pids[@]}")
-idle_cpu=$(awk -v a="$t0" -v b="$t1" -v s="$IDLE_PROBE_S" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.2f", (b-a)/hz/s}')
+idle_cpu=$(idle_cpu "$IDLE_PROBE_S" "${BENCH_PIDS[@]}")
 echo "idle stacks: $idle_cpu CPU-seconds per second over $IDLE_PROBE_S s" >&2
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date -u +%FT%TZ)
+workload_flags
 cmd=("$AGENTD" bench "${targets[@]}" "${dynamo_targets[@]}" --dynamo-final terminal --no-progress
-     --workload "$WORKLOAD" --concurrency "$CONC" --duration-s "$DURATION" --warmup-s "$WARMUP"
-     --seed "$SEED" --system-tokens "$SYSTEM_TOKENS" --task-tokens "$TASK_TOKENS" --turns "$TURNS"
-     --tool-tokens "$TOOL_TOKENS" --output-tokens "$OUTPUT_TOKENS" --tool-time "$TOOL_TIME"
-     --max-context "$((MAX_MODEL_LEN - 64))" --request-timeout-s "$REQUEST_TIMEOUT" --max-errors 1000000
+     "${WORKLOAD_FLAGS[@]}" --concurrency "$CONC" --duration-s "$DURATION" --warmup-s "$WARMUP"
+     --max-errors 1000000
      --json "$OUT/thunderagent.json" --plot "$OUT/thunderagent.svg" --markdown "$WORK/table.md")
 echo "+ ${cmd[*]}" >&2
 set +e
@@ -238,8 +152,8 @@ done
   echo
   echo "- Targets: $TARGETS (ta-* = Dynamo 1.6.1 frontend --router-mode round-robin -> dynamo.thunderagent_router ${TA_FLAGS:-(defaults)} -> one worker)."
   echo "- Model: \`$CARD\` (random weights, float32), $BYTES_PER_TOKEN bytes of KV per token; KV $((KV_BLOCKS * BLOCK)) tokens for every engine ($KV_BLOCKS blocks of $BLOCK; vLLM --kv-cache-memory-bytes $KV_BYTES${vllm_kv_line:+; vLLM reports $vllm_kv_line}); ThunderAgent --router-block-size $BLOCK."
-  echo "- Workload: $WORKLOAD preset scaled: system $SYSTEM_TOKENS, task $TASK_TOKENS, turns $TURNS, tool output $TOOL_TOKENS, output $OUTPUT_TOKENS tokens, tool time $TOOL_TIME; seed $SEED."
-  echo "- agentd flags: ${PROGRAM_FLAGS:-none} (agentd-host, when run: plus $HOST_FLAGS); --max-num-batched-tokens $BATCH_TOKENS everywhere."
+  echo "- Workload: $(workload_line)."
+  echo "- agentd: $(agentd_line) (agentd-host, when run: plus $HOST_FLAGS); --max-num-batched-tokens $BATCH_TOKENS, --max-num-seqs $MAX_NUM_SEQS everywhere."
   echo "- Each level: $WARMUP s warm-up, then $DURATION s measured; concurrency $CONC."
   echo "- Through Dynamo the next prompt is token-exact: nvext.engine_data.completion_token_ids (the frontend refuses return_token_ids); hit rates there come from usage.prompt_tokens_details.cached_tokens (the frontend has no vllm:prefix_cache counters), agentd-program's from its /metrics."
   echo

@@ -14,8 +14,6 @@
 # only. Never run in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VLLM_VENV=${VLLM_VENV:-/var/tmp/vllm-venv}
-AGENTD=${AGENTD:-${CARGO_TARGET_DIR:-target}/release/agentd}
 CARD=${CARD:-models/qwen3-bench-gqa1.json}
 MODEL_DIR=${MODEL_DIR:-/var/tmp/agentd-matrix/$(basename "$CARD" .json)}
 WORK=${WORK:-/var/tmp/agentd-vllm-serve}
@@ -23,50 +21,30 @@ OUT=${OUT:-benches/results/vllm-serve}
 TARGETS=${TARGETS:-vllm agentd}
 TAG=${TAG:-}
 INPUT=${INPUT:-512}; OUTPUT=${OUTPUT:-64}; PROMPTS=${PROMPTS:-96}; CONC=${CONC:-32}
-BLOCK=${BLOCK:-32}; KV_BLOCKS=${KV_BLOCKS:-1024}; BATCH_TOKENS=${BATCH_TOKENS:-2048}
+# A serving benchmark, not the agentic one: 32 requests of 576 tokens at most
+# need about 18k KV tokens, so 32,768 (1024 blocks of 32) never preempts, and
+# 64 running sequences and 2,048-token contexts cover every request.
+KV_TOKENS=${KV_TOKENS:-32768}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-64}; MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}
 PORT=${PORT:-18311}
+# The model, the serving shape, serve_agentd / serve_vllm and the process
+# helpers: benches/lib/common.sh.
+. benches/lib/common.sh
+need_agentd
+engine_shape
 mkdir -p "$WORK" "$OUT"
-[ -f "$MODEL_DIR/config.json" ] || "$AGENTD" make-model --config "$CARD" --out "$MODEL_DIR" --seed 1
-# float32 K and V per token: layers x KV heads x head dim x 2 x 4 bytes.
-per_token=$(python3 -c "import json; c=json.load(open('$MODEL_DIR/config.json')); \
-print(c['num_hidden_layers']*c['num_key_value_heads']*c.get('head_dim', c['hidden_size']//c['num_attention_heads'])*8)")
-KV_BYTES=$((KV_BLOCKS * BLOCK * per_token))
-
-pid=
-stop() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; pid=; }
-trap stop EXIT
-wait_up() {
-  for _ in $(seq 1 400); do
-    curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || { echo "server died; see $1" >&2; return 1; }
-    sleep 1
-  done
-  echo "server not up after 400 s; see $1" >&2; return 1
-}
+ensure_model
+kv_geometry
+trap stop_all EXIT
 
 for t in $TARGETS; do
   log="$WORK/$t$TAG.log"
   case "$t" in
-    vllm)
-      env -u VLLM_CPU_KVCACHE_SPACE VLLM_TARGET_DEVICE=cpu \
-        "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server \
-        --model "$MODEL_DIR" --dtype float32 --max-model-len "$MAX_MODEL_LEN" \
-        --block-size "$BLOCK" --kv-cache-memory-bytes "$KV_BYTES" \
-        --max-num-seqs "$MAX_NUM_SEQS" --max-num-batched-tokens "$BATCH_TOKENS" \
-        --served-model-name bench --disable-uvicorn-access-log \
-        --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
-      ;;
-    agentd)
-      RUST_LOG=${RUST_LOG:-warn} "$AGENTD" serve --model "$MODEL_DIR" --dtype float32 \
-        --num-kv-blocks "$KV_BLOCKS" --block-size "$BLOCK" --max-num-seqs "$MAX_NUM_SEQS" \
-        --max-num-batched-tokens "$BATCH_TOKENS" --max-model-len "$MAX_MODEL_LEN" \
-        --served-model-name bench --host 127.0.0.1 --port "$PORT" >"$log" 2>&1 &
-      ;;
+    vllm) serve_vllm "$PORT" "$log" --served-model-name bench ;;
+    agentd) serve_agentd "$PORT" "$log" --served-model-name bench ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
   esac
-  pid=$!
-  wait_up "$log"
+  pid=$SPAWNED
   cmd=("$VLLM_VENV/bin/python" scripts/vllm_cli.py bench serve --backend openai
     --base-url "http://127.0.0.1:$PORT" --endpoint /v1/completions
     --model "$MODEL_DIR" --served-model-name bench --tokenizer "$MODEL_DIR" --dataset-name random
@@ -77,7 +55,7 @@ for t in $TARGETS; do
   # agentd's own step phases and lock hold over the same window.
   [ "$t" = agentd ] && cmd=(python3 scripts/lock_hold.py "http://127.0.0.1:$PORT" -- "${cmd[@]}")
   "${cmd[@]}" 2>&1 | tee "$WORK/bench-$t$TAG.txt" | grep -E '^(Successful|Benchmark duration|Output token throughput|Median TPOT|P99 TPOT|Median TTFT|P99 TTFT|agentd:|sampling:)'
-  stop
+  stop_tree "$pid"
 done
 
 python3 - "$OUT" "$TAG" $TARGETS <<'PY'
