@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the golden fixtures under tests/fixtures/golden/ with Hugging Face
-# transformers (the correctness oracle, DESIGN.md §9).
+# transformers (the correctness oracle, docs/design.md §11).
 #
 # The venv lives OUTSIDE the repo (torch is ~1 GB plus its CUDA wheels) so it is
 # never committed and survives work-tree resets. Only needed to regenerate the

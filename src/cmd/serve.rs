@@ -1,4 +1,4 @@
-//! `agentd serve`: the OpenAI-compatible server (DESIGN §6) on the engine.
+//! `agentd serve`: the OpenAI-compatible server (docs/design.md §9) on the engine.
 //!
 //! Without `--model` it serves the embedded default: the tiny Qwen3 of
 //! `models/qwen3-tiny.json` (real Qwen3 tokenizer and chat template, random
@@ -119,7 +119,7 @@ pub struct ServeArgs {
     pub tools: ToolArgs,
 }
 
-/// Tool resources (DESIGN §7): what programs may declare and how it is
+/// Tool resources (docs/design.md §10): what programs may declare and how it is
 /// reclaimed when they end.
 #[derive(Args, Debug)]
 pub struct ToolArgs {

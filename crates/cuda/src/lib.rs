@@ -1,4 +1,4 @@
-//! The CUDA backend of agentd (DESIGN.md §5): the kernels in `kernels/`
+//! The CUDA backend of agentd (docs/design.md §8): the kernels in `kernels/`
 //! (paged decode and prefill attention, cache write and block copy, fused
 //! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul), cuBLAS for the
 //! dense layers, and Qwen3 on the GPU over a caller-owned paged KV cache with

@@ -286,7 +286,7 @@ impl Core {
             return;
         }
         // The program is busy: run the request now as a sibling rather than
-        // after the current one (DESIGN §2: concurrent requests of one
+        // after the current one (docs/design.md §2: concurrent requests of one
         // program are allowed). Its own block table starts from the cached
         // prefix; the program's table continues from its main line.
         let s = self.new_program(None);

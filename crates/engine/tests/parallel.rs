@@ -1,4 +1,4 @@
-//! Concurrent requests of one program (DESIGN §2): a request that arrives
+//! Concurrent requests of one program (docs/design.md §2): a request that arrives
 //! while the program is busy runs at once as a sibling sequence, produces the
 //! tokens it would alone, shares the program's prefix through the cache, and
 //! ends with the program.

@@ -1,4 +1,5 @@
-//! The host-memory tier (DESIGN §3, `--kv-offloading-size`): a second,
+//! The host-memory tier (docs/design.md §4,
+//! `--kv-offloading-size`): a second,
 //! larger pool of block slots in host memory behind a replica's device pool.
 //!
 //! A cached block the device pool evicts (its LRU head, taken by a new

@@ -1,4 +1,4 @@
-//! The flattened batch one model step runs on (DESIGN.md §5).
+//! The flattened batch one model step runs on (docs/design.md §8).
 //!
 //! All new tokens of all sequences are concatenated into one list; per-sequence
 //! metadata says where each sequence's tokens start (`cu_seqlens`), how long its

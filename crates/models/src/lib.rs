@@ -1,4 +1,4 @@
-//! Model runtimes for agentd (DESIGN.md §5) on the CPU over a paged KV cache
+//! Model runtimes for agentd (docs/design.md §8) on the CPU over a paged KV cache
 //! that the caller owns: Qwen3, GLM-4-0414, Qwen3-MoE and GLM-4.5 MoE.
 //!
 //! - [`config`]: `config.json` (the [`config::Family`]); [`loader`]:

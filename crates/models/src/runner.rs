@@ -35,7 +35,7 @@ pub trait StepRunner: Send {
         None
     }
 
-    /// Puts a host tier of `slots` blocks behind the cache (DESIGN §3);
+    /// Puts a host tier of `slots` blocks behind the cache (docs/design.md §4);
     /// an error when the runner has none.
     fn enable_host_tier(&mut self, slots: usize) -> Result<()> {
         match slots {

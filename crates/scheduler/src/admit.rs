@@ -1,4 +1,5 @@
-//! Admission from the one global queue (DESIGN §4), at a step boundary of
+//! Admission from the one global queue (docs/design.md §5 rules 2, 7,
+//! 8 and 13), at a step boundary of
 //! replica `l`.
 //!
 //! Candidates come in this order:

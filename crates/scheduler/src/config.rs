@@ -4,7 +4,7 @@ use std::str::FromStr;
 /// Which policy the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PolicyKind {
-    /// Program-level scheduling (DESIGN §4).
+    /// Program-level scheduling (docs/design.md §5).
     Program,
     /// Request-level baseline, like vLLM.
     Request,
@@ -57,7 +57,8 @@ impl FromStr for Placement {
     }
 }
 
-/// Every knob of the scheduler, with the defaults of DESIGN §4.
+/// Every knob of the scheduler (docs/design.md §5 has the rules and the
+/// table of defaults).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
     pub policy: PolicyKind,
@@ -127,7 +128,7 @@ impl Default for SchedulerConfig {
 impl SchedulerConfig {
     /// The defaults, measured with `agentd simulate` (H100 cost model, swe,
     /// toolorch and bimodal workloads at 48-192 programs; docs/results):
-    /// * no decay (x = 1), where DESIGN §4 has x = 2, Δ = 1 s and the
+    /// * no decay (x = 1), where the first design had x = 2, Δ = 1 s and the
     ///   previous default was Δ = 10 s: a decayed acting program's blocks
     ///   are lent to admissions while it still references them, so when its
     ///   tool returns the pool runs out mid-decode and programs are paused
@@ -137,8 +138,11 @@ impl SchedulerConfig {
     ///   reads at these batches, so more resident programs add little while
     ///   every lent block costs a recompute. An idle replica still takes
     ///   acting programs' blocks at once (work conservation).
-    /// * λmin = 0.95 (DESIGN: 0.9): the narrower band keeps replicas' usage
-    ///   within a few percent of each other.
+    /// * λmin = 0.95 (the first design: 0.9): the narrower band keeps
+    ///   replicas' usage within a few percent of each other. On the CPU
+    ///   benchmark's 65,536-token pool it also ran faster with a shorter
+    ///   tail than 0.8 (benches/results/thunderagent-l95.md against
+    ///   thunderagent-rerun.md), so the bench scripts use it too.
     /// * a program passed over 16 times is admitted first: the slowest
     ///   request at 96 swe programs 401 -> 279 s, at 192 989 -> 542 s, at
     ///   no cost in steps/min.

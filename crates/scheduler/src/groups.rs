@@ -1,5 +1,6 @@
 //! Program groups: an RL rollout group (GRPO's n samples of one prompt), or
-//! the `n` choices of one request (DESIGN §2).
+//! the `n` choices of one request (docs/design.md §2,
+//! §5 rule 13).
 //!
 //! A group's members share their prompt's blocks; they are admitted and
 //! restored together, on one replica, and never half-admitted while the pool

@@ -6,10 +6,12 @@
 //! broken by program id, so a simulation with a fixed seed replays exactly.
 //!
 //! Two policies implement [`Policy`]:
-//! * [`ProgramScheduler`] — DESIGN §4: programs keep their KV between turns;
-//!   a thrashing test with hysteresis pauses (acting first, shortest first) and
-//!   restores (pending requests first, shortest first with aging) through one
-//!   global queue with best-fit placement over replicas.
+//! * [`ProgramScheduler`] — docs/design.md §5: programs keep their KV between
+//!   turns; a thrashing test with hysteresis pauses (acting first, shortest
+//!   first) and restores (pending requests first, shortest first with aging)
+//!   through one global queue, placing programs over replicas (most room by
+//!   default, or best fit; on their previous replica while their blocks
+//!   survive there).
 //! * [`RequestScheduler`] — the vLLM baseline: KV of finished requests becomes
 //!   evictable, FCFS admission while blocks are free or evictable, the newest
 //!   request is preempted (recompute) when blocks run out, sticky routing.

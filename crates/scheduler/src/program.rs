@@ -1,6 +1,6 @@
 use crate::{GroupId, ProgramId, ToolId};
 
-/// What a program is doing (DESIGN §2).
+/// What a program is doing (docs/design.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
     /// It has a request in flight or queued: it needs the model.

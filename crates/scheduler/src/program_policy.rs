@@ -1,17 +1,25 @@
-//! The program scheduler (DESIGN §4).
+//! The program scheduler (docs/design.md §5).
 //!
 //! Demand of replica L with capacity C blocks:
-//! `D(L) = |blocks referenced on L| − Σ_{q acting} excl(q)·(1 − f(now − since_q)) + r·running(L)`.
+//!
+//! ```text
+//! D(L) = |blocks referenced on L|
+//!        − Σ_{q acting} excl(q)·(1 − f(now − since_q))
+//!        + Σ_{q reasoning} unprefilled(q) + r·running(L)
+//! ```
+//!
 //! Blocks referenced by reasoning programs count fully (shared ones once, since
-//! the pool counts distinct blocks); an acting program's exclusive blocks count
-//! with the decay `f`, because the longer its tool runs the cheaper it is to let
-//! them go. Blocks shared only among acting programs are counted fully — a
+//! the pool counts distinct blocks), and so do the blocks of their prompts not
+//! prefilled yet; an acting program's exclusive blocks count with the decay
+//! `f`, because the longer its tool runs the cheaper it is to let them go.
+//! Blocks shared only among acting programs are counted fully — a
 //! conservative over-estimate that keeps the computation O(programs on L).
 //!
 //! * Pause while `D > λmax·C`: acting before reasoning, shortest first.
 //! * Restore while `D + need ≤ λmin·C`, from the global queue in its order,
-//!   placing each program by best fit, but on its previous replica while its own
-//!   cached blocks survive there. λmin < λmax is the hysteresis that stops a
+//!   placing each program by the configured placement (most room by default,
+//!   or best fit), but on its previous replica while its own cached blocks
+//!   survive there (`admit.rs`). λmin < λmax is the hysteresis that stops a
 //!   program from being restored only to be paused again a step later.
 
 use std::collections::{BTreeSet, HashMap};

@@ -1,7 +1,7 @@
 //! The one global waiting queue (over all replicas) of programs with a request
 //! to run.
 //!
-//! Order (DESIGN §4, restore score `1/c + 1[Reasoning]`): programs that were
+//! Order (docs/design.md §5 rule 6, restore score `1/c + 1[Reasoning]`): programs that were
 //! already admitted once and have a pending request come first, then new
 //! programs; within a class the shortest context first, with aging.
 //!

@@ -1,4 +1,5 @@
-//! Per-tool acting-time statistics: the per-tool decay of DESIGN §4.
+//! Per-tool acting-time statistics: the per-tool decay of
+//! docs/design.md §5 rule 3.
 //!
 //! An acting program's exclusive blocks count in the demand with a weight
 //! `f`. Without a tool name it is the global `f(t) = x^(−t/Δ)` of the elapsed

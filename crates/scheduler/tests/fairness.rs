@@ -1,6 +1,6 @@
 //! Issue 12's rules past the knee, on the real `ProgramScheduler` over real
 //! `KvCache`s (block size 4): groups admitted whole, the waiting bound, and
-//! per-tool pause order, and DESIGN §4 rule 7 (no program starves: aging, the
+//! per-tool pause order, and docs/design.md §5 rule 7 (no program starves: aging, the
 //! bypass bound).
 
 mod common;

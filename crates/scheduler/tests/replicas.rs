@@ -1,4 +1,4 @@
-//! DESIGN §4 rules 8-10: one global queue placing programs over replicas,
+//! docs/design.md §5 rules 8-10: one global queue placing programs over replicas,
 //! block exhaustion mid-step, and the inactivity lease, on the real
 //! `ProgramScheduler` over real `KvCache`s (block size 4 tokens).
 

@@ -1,4 +1,4 @@
-//! DESIGN §4 rules 1-6, one test per rule: the thrashing test, restore under
+//! docs/design.md §5 rules 1-6, one test per rule: the thrashing test, restore under
 //! λmin, the decay, pause order, requeue and restore order. Driving the real
 //! `ProgramScheduler` over real `KvCache`s through the engine harness in
 //! `common` (block size 4 tokens). Rule 7 (no starvation) is in fairness.rs,

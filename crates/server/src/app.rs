@@ -58,7 +58,7 @@ pub struct AppState {
     pub max_model_len: usize,
     /// The keys clients must present, one per tenant (see [`crate::tenant`]).
     pub api_keys: ApiKeys,
-    /// Tool resources of the programs (DESIGN §7).
+    /// Tool resources of the programs (docs/design.md §10).
     pub tools: Arc<Tools>,
     /// Stored responses of `/v1/responses` (bounded; see
     /// [`crate::responses::store`]). Public so tests can shrink its bounds.

@@ -1,16 +1,23 @@
-//! agentd's OpenAI-compatible HTTP server (DESIGN §6), on axum.
+//! agentd's OpenAI-compatible HTTP server (docs/design.md §9), on axum; a
+//! request's walk through it to the engine and back is docs/design.md §7.
 //!
 //! - [`app`]: shared state, router (API key on all but `/health`), serving;
 //!   [`listener`]: the accept loop's timeouts and connection cap.
 //! - [`routes`]: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/health`, `/metrics`, `/programs`, `/programs/release`, and the tool
 //!   side of a program: `/programs/{id}`, `/programs/{id}/resources`,
-//!   `/programs/{id}/environment` (DESIGN §7, in `agentd-tools`).
+//!   `/programs/{id}/environment` (docs/design.md §10, in `agentd-tools`).
 //! - [`responses`]: `/v1/responses` (a response chain is a program), its
 //!   store and its output items; [`chat_prompt`]: the chat-template path
 //!   it shares with `/v1/chat/completions`.
 //! - [`protocol`]: OpenAI wire types; [`sampling`]: request fields → engine
 //!   sampling parameters; [`program_id`]: which program a request belongs to.
+//! - [`structured`]: `response_format` and forced tool calls → the grammar
+//!   the sampler enforces; [`tool_grammar`]: tool calls as grammars in the
+//!   model's own format.
+//! - [`choices`]: `n` and prompt lists as engine requests (the first choice
+//!   is the program's turn), their streams merged; [`offload`]: template
+//!   rendering, tokenization and submission on the blocking pool.
 //! - [`generation`]: engine token events → text pieces (detokenisation, stop
 //!   strings, logprobs); [`stop`]: the stop-string matcher; [`sse`]: framing.
 //! - [`tenant`]: API keys as tenants, each with its own program ids;

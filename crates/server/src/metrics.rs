@@ -215,7 +215,7 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
     out
 }
 
-/// The tool-resource counters (DESIGN §7), appended after the engine's.
+/// The tool-resource counters (docs/design.md §10), appended after the engine's.
 pub fn render_tools(m: &ToolMetrics, model: &str) -> String {
     let mut out = String::with_capacity(512);
     let label = format!("model_name=\"{}\"", escape(model));

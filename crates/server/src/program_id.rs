@@ -1,4 +1,4 @@
-//! Which program a request belongs to (DESIGN §2, §6).
+//! Which program a request belongs to (docs/design.md §2, §9).
 //!
 //! Order: body `program_id`, then `extra_body.program_id` (clients that send
 //! `extra_body` inline instead of merging it), then the `X-Session-ID`

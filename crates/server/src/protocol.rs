@@ -39,7 +39,7 @@ pub struct ExtraBody {
     pub program_id: Option<String>,
     #[serde(rename = "final")]
     pub final_request: Option<bool>,
-    /// Tool resources the program declares (DESIGN §7).
+    /// Tool resources the program declares (docs/design.md §10).
     pub tool_resources: Option<Json>,
     pub group_id: Option<String>,
     pub group_size: Option<u64>,

@@ -1,4 +1,4 @@
-//! Tool resources over a real socket (DESIGN §7), on real directories and
+//! Tool resources over a real socket (docs/design.md §10), on real directories and
 //! real process groups: declared on requests (body, `extra_body`) or on
 //! `/programs/{id}/resources`, reclaimed on release, `final`, lease expiry
 //! and shutdown; sharing; refusals; environment preparation overlapping a

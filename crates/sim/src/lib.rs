@@ -3,11 +3,12 @@
 //! step time, to reproduce the thrashing regime (96–1,000 programs, 1–64
 //! replicas) in seconds on a laptop.
 //!
-//! Nothing of the policy is re-implemented here: the simulator only plays the
-//! engine's part — it applies the scheduler's decisions to the KV caches, plans
-//! each step's batch (decode first, then prefill chunks under a token budget),
-//! asks the policy for a victim when blocks run out, and advances time by the
-//! [`cost`] model.
+//! Nothing of the policy is re-implemented here: each replica step runs the
+//! engine's own core, [`agentd_scheduler::ReplicaSet`] (decisions applied to
+//! the KV caches, each step's batch planned — decode first, then prefill
+//! chunks under a token budget — and victims paused when blocks run out; the
+//! step protocol is docs/design.md §6); the simulator only supplies the
+//! programs' token contexts and advances time by the [`cost`] model.
 
 pub mod cost;
 mod engine;

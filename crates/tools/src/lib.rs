@@ -1,4 +1,4 @@
-//! Tool resources tied to the program lifecycle (DESIGN §7).
+//! Tool resources tied to the program lifecycle (docs/design.md §10).
 //!
 //! Agents run tools in sandboxes: containers, per-task directories,
 //! processes. A program declares them; when the engine says the program

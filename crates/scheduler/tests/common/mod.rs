@@ -23,7 +23,8 @@ pub fn pid(n: u64) -> ProgramId {
     ProgramId(n)
 }
 
-/// A config with DESIGN's λmin / λmax knobs, no decay, no aging, reserve 1.
+/// A config with the given λmin / λmax (docs/design.md §5 rules 1-2), no
+/// decay, no aging, reserve 1.
 pub fn config(lambda_min: f64, lambda_max: f64) -> SchedulerConfig {
     SchedulerConfig {
         lambda_min,

@@ -1,4 +1,4 @@
-//! OpenAI's Responses API on top of the chat path (DESIGN §2, §6).
+//! OpenAI's Responses API on top of the chat path (docs/design.md §2, §9).
 //!
 //! - [`protocol`]: the request body and the response object;
 //! - [`input`]: input items → chat messages, Responses tools → chat tools;

@@ -2,7 +2,7 @@
 //! program, the chat-template prompt, the engine request, and the loop that
 //! turns its text into output items (and stream events).
 //!
-//! A chain of responses is one program (DESIGN §2): the first response names
+//! A chain of responses is one program (docs/design.md §2): the first response names
 //! it (its own id, unless the request gives a `program_id`), each
 //! `previous_response_id` submits the whole conversation again under that
 //! program, and the engine reuses the KV it kept. `store: false` marks the

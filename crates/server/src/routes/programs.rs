@@ -1,4 +1,4 @@
-//! `GET /programs` and `POST /programs/release` (DESIGN §2).
+//! `GET /programs` and `POST /programs/release` (docs/design.md §2).
 
 use axum::body::Bytes;
 use axum::extract::State;

@@ -1,4 +1,4 @@
-//! Tool resources of a program (DESIGN §7): `POST /programs/{id}/resources`,
+//! Tool resources of a program (docs/design.md §10): `POST /programs/{id}/resources`,
 //! `GET /programs/{id}`, `POST|GET /programs/{id}/environment`.
 
 use std::time::Duration;
