@@ -20,7 +20,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// OpenAI-compatible HTTP server on the engine (default: the embedded tiny Qwen3).
+    /// OpenAI-compatible HTTP server on the engine: `agentd serve Qwen/Qwen3-8B` (a Hugging
+    /// Face repository id or a model directory; default: the embedded tiny Qwen3).
+    #[command(after_help = cmd::vllm_flags::HELP)]
     Serve(cmd::serve::ServeArgs),
     /// Discrete-event simulation of the scheduler and KV allocator under agent load.
     Simulate(cmd::simulate::SimulateArgs),

@@ -19,8 +19,14 @@ use serde::Serialize;
 
 #[derive(Args, Debug)]
 pub struct BenchModelArgs {
-    /// Hugging Face model directory (e.g. from `make-model --config models/qwen3-0.6b.json`).
-    #[arg(long)]
+    /// Hugging Face repository id (`owner/name`) or model directory (e.g.
+    /// from `make-model --config models/qwen3-0.6b.json`).
+    #[arg(long = "model", value_name = "MODEL")]
+    pub model_arg: String,
+    #[command(flatten)]
+    pub hub: super::model_arg::HubArgs,
+    /// The directory `--model` resolved to (set by [`run`]).
+    #[arg(skip)]
     pub model: PathBuf,
     /// Batch sizes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
@@ -244,7 +250,9 @@ fn load_only(a: &BenchModelArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn run(a: BenchModelArgs) -> Result<()> {
+pub fn run(mut a: BenchModelArgs) -> Result<()> {
+    // Weights and config only: no tokenizer is needed to time the model.
+    a.model = a.hub.model_dir(&a.model_arg, true)?;
     if a.load_only {
         return load_only(&a);
     }
@@ -330,6 +338,8 @@ fn rayon_threads() -> usize {
 
 fn clone_args(a: &BenchModelArgs) -> BenchModelArgs {
     BenchModelArgs {
+        model_arg: a.model_arg.clone(),
+        hub: a.hub.clone(),
         model: a.model.clone(),
         batch: a.batch.clone(),
         prompt_len: a.prompt_len,

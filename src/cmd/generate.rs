@@ -2,7 +2,6 @@
 //! cache (block ids allocated trivially here; the engine uses agentd-kv).
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use agentd_models::sampling::FinishReason;
@@ -15,9 +14,14 @@ use serde::Serialize;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// Hugging Face model directory.
+    /// Hugging Face repository id (`owner/name`) or model directory.
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: String,
+    #[command(flatten)]
+    pub hub: super::model_arg::HubArgs,
+    /// Tokenizer from another repository id or directory (default: the model's).
+    #[arg(long)]
+    pub tokenizer: Option<String>,
     /// Prompt text (needs tokenizer.json in the model directory).
     #[arg(
         long,
@@ -92,9 +96,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let t0 = Instant::now();
     let dtype = args.dtype.dtype;
-    tracing::info!(model = %args.model.display(), %dtype, "loading model");
-    let model = Model::load_as(&args.model, dtype)
-        .with_context(|| format!("loading model from {}", args.model.display()))?;
+    let dir = args.hub.model_dir(&args.model, args.tokenizer.is_some())?;
+    let tok_dir = match &args.tokenizer {
+        Some(t) => args.hub.tokenizer_dir(t)?,
+        None => dir.clone(),
+    };
+    tracing::info!(model = %dir.display(), %dtype, "loading model");
+    let model = Model::load_as(&dir, dtype)
+        .with_context(|| format!("loading model from {}", dir.display()))?;
     let cfg = model.config().clone();
     tracing::info!(
         layers = cfg.num_hidden_layers,
@@ -103,7 +112,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         secs = t0.elapsed().as_secs_f32(),
         "model loaded"
     );
-    let tokenizer = match Tokenizer::from_dir(&args.model) {
+    let tokenizer = match Tokenizer::from_dir(&tok_dir) {
         Ok(t) => Some(t),
         Err(e) if args.prompt.is_some() => return Err(e.into()),
         Err(e) => {

@@ -1,40 +1,52 @@
 //! `agentd serve`: the OpenAI-compatible server (docs/design.md §9) on the engine.
 //!
-//! Without `--model` it serves the embedded default: the tiny Qwen3 of
-//! `models/qwen3-tiny.json` (real Qwen3 tokenizer and chat template, random
-//! weights), generated once into a cache directory, so a fresh machine with
-//! no network can serve and be benchmarked.
+//! The model is a Hugging Face repository id (`agentd serve Qwen/Qwen3-8B`,
+//! fetched into the shared Hugging Face cache as vLLM fetches it, see
+//! [`super::model_arg`]) or a local directory; without one it serves the
+//! embedded tiny Qwen3 ([`super::default_model`]), so a fresh machine with no
+//! network can serve and be benchmarked.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentd_engine::{Engine, EngineConfig};
-use agentd_models::synth::{write_random_model, ModelCard};
 use agentd_scheduler::PolicyKind;
 use agentd_tools::{CommandPolicy, DockerConfig, ForeignPids, ReclaimConfig, ToolsConfig};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 
+use super::default_model::{default_model, DEFAULT_MODEL_NAME};
+use super::kv_size::{KvArgs, KvPlan};
+use super::model_arg::HubArgs;
 use super::scheduler_args::SchedulerArgs;
-
-const DEFAULT_CARD: &str = include_str!("../../models/qwen3-tiny.json");
-const DEFAULT_TOKENIZER: &[u8] = include_bytes!("../../models/qwen3/tokenizer.json");
-const DEFAULT_TOKENIZER_CONFIG: &[u8] = include_bytes!("../../models/qwen3/tokenizer_config.json");
-/// Bump when the embedded card or the weight generator changes, so stale
-/// cached models are not served.
-const DEFAULT_MODEL_VERSION: &str = "qwen3-tiny-v1";
-const DEFAULT_MODEL_NAME: &str = "agentd-tiny-qwen3";
+use super::vllm_flags::VllmFlags;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Hugging Face model directory (config.json, *.safetensors,
-    /// tokenizer.json, tokenizer_config.json). Default: the embedded tiny Qwen3.
+    /// The model: a Hugging Face repository id (`Qwen/Qwen3-8B`: the local
+    /// Hugging Face cache, else downloaded into it) or a model directory
+    /// (config.json, *.safetensors, tokenizer.json, tokenizer_config.json).
+    /// Default: the embedded tiny Qwen3 (random weights, no network).
     #[arg(long, conflicts_with = "model_path")]
-    pub model: Option<PathBuf>,
-    /// The model directory, as a positional argument (like `vllm serve MODEL`).
+    pub model: Option<String>,
+    /// The model, as a positional argument (like `vllm serve MODEL`).
     #[arg(value_name = "MODEL")]
-    pub model_path: Option<PathBuf>,
+    pub model_path: Option<String>,
+    #[command(flatten)]
+    pub hub: HubArgs,
+    /// Tokenizer and chat template from another repository id or directory
+    /// (default: the model's).
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+    /// Default sampling as vLLM's flag: `auto` takes temperature, top_p,
+    /// top_k, min_p and repetition_penalty from the model's
+    /// generation_config.json (a request's own values win); `vllm` uses
+    /// neutral defaults (temperature 1, no top-k/top-p/min-p cut); or a
+    /// directory holding a generation_config.json. Its eos_token_id ends
+    /// generation either way.
+    #[arg(long, default_value = "auto")]
+    pub generation_config: String,
     /// Where the model runs: `cpu` (everywhere) or `cuda` (an NVIDIA GPU per
     /// replica; needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -64,17 +76,19 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Data-parallel engine replicas, each with its own KV pool.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, visible_alias = "data-parallel-size")]
     pub replicas: usize,
     /// program (agentd's program-level scheduler) or request (vLLM-like baseline).
     #[arg(long, default_value = "program")]
     pub scheduler: PolicyKind,
-    /// KV blocks per replica.
-    #[arg(long, default_value_t = EngineConfig::default().num_blocks)]
-    pub num_kv_blocks: usize,
-    /// KV cache memory per replica in bytes (e.g. 2000000000); sizes the pool
-    /// from the model's bytes per block instead of --num-kv-blocks.
-    #[arg(long)]
+    /// KV blocks per replica (instead of sizing the pool from memory); a
+    /// window longer than the pool is then lowered to it with a warning.
+    #[arg(long, conflicts_with = "kv_cache_memory")]
+    pub num_kv_blocks: Option<usize>,
+    /// KV cache memory per replica in bytes (e.g. 2000000000). Default on
+    /// the CPU: VLLM_CPU_KVCACHE_SPACE GiB, 4 when unset, as vLLM. A pool
+    /// sized from memory must hold one --max-model-len window.
+    #[arg(long, visible_alias = "kv-cache-memory-bytes")]
     pub kv_cache_memory: Option<u64>,
     /// Host-memory KV tier per replica in GiB, as vLLM's flag: cached blocks
     /// the pool evicts are copied there and matched back instead of
@@ -117,6 +131,8 @@ pub struct ServeArgs {
     pub sched: SchedulerArgs,
     #[command(flatten)]
     pub tools: ToolArgs,
+    #[command(flatten)]
+    pub vllm: VllmFlags,
 }
 
 /// Tool resources (docs/design.md §10): what programs may declare and how it is
@@ -212,45 +228,67 @@ impl ToolArgs {
     }
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
-    let (model_dir, default_name) = match args.model.as_ref().or(args.model_path.as_ref()) {
-        Some(dir) => {
-            let name = dir
-                .canonicalize()
-                .ok()
-                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| dir.display().to_string());
-            (dir.clone(), name)
+/// The model being served: where its files are, and what clients call it.
+struct ServedModel {
+    dir: PathBuf,
+    tokenizer_dir: PathBuf,
+    /// `model` in requests (`--served-model-name`, else the argument).
+    name: String,
+    /// The argument as given (`/v1/models` `root`).
+    root: String,
+}
+
+/// Resolves the model argument (repository id, directory, or the default).
+fn served_model(args: &ServeArgs) -> Result<ServedModel> {
+    let (dir, default_name, root) = match args.model.as_ref().or(args.model_path.as_ref()) {
+        Some(arg) => {
+            let dir = args.hub.model_dir(arg, args.tokenizer.is_some())?;
+            // A directory is named by its last component (as before); a
+            // repository id by itself, as vLLM names it.
+            let name = if Path::new(arg).is_dir() {
+                dir.canonicalize()
+                    .ok()
+                    .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .unwrap_or_else(|| arg.clone())
+            } else {
+                arg.clone()
+            };
+            let root = if Path::new(arg).is_dir() {
+                dir.display().to_string()
+            } else {
+                arg.clone()
+            };
+            (dir, name, root)
         }
-        None => (default_model()?, DEFAULT_MODEL_NAME.to_string()),
-    };
-    let name = args.served_model_name.clone().unwrap_or(default_name);
-    let num_blocks = match args.kv_cache_memory {
-        Some(bytes) => {
-            let per_block = bytes_per_block(&args, &model_dir)?;
-            let blocks = usize::try_from(bytes / per_block as u64).unwrap_or(usize::MAX);
-            anyhow::ensure!(
-                blocks > 0,
-                "--kv-cache-memory {bytes} holds no block ({per_block} bytes per block)"
-            );
-            tracing::info!(
-                bytes,
-                per_block,
-                blocks,
-                "KV pool sized from --kv-cache-memory"
-            );
-            blocks
+        None => {
+            let dir = default_model()?;
+            let root = dir.display().to_string();
+            (dir, DEFAULT_MODEL_NAME.to_string(), root)
         }
-        None => args.num_kv_blocks,
     };
-    let host_blocks = match (args.kv_offloading_size, args.num_host_kv_blocks) {
+    let tokenizer_dir = match &args.tokenizer {
+        Some(t) => args.hub.tokenizer_dir(t)?,
+        None => dir.clone(),
+    };
+    Ok(ServedModel {
+        name: args.served_model_name.clone().unwrap_or(default_name),
+        dir,
+        tokenizer_dir,
+        root,
+    })
+}
+
+/// Host-tier blocks per replica (`--num-host-kv-blocks` or
+/// `--kv-offloading-size` GiB).
+fn host_blocks(args: &ServeArgs, kv: &KvPlan) -> Result<usize> {
+    Ok(match (args.kv_offloading_size, args.num_host_kv_blocks) {
         (_, Some(n)) => n,
         (Some(gib), None) => {
             anyhow::ensure!(
                 gib.is_finite() && gib >= 0.0,
                 "--kv-offloading-size must be a size in GiB, got {gib}"
             );
-            let per_block = bytes_per_block(&args, &model_dir)?;
+            let per_block = kv.bytes_per_block;
             let blocks = (gib * (1u64 << 30) as f64 / per_block as f64) as usize;
             tracing::info!(
                 gib,
@@ -261,10 +299,48 @@ pub fn run(args: ServeArgs) -> Result<()> {
             blocks
         }
         (None, None) => 0,
-    };
+    })
+}
+
+fn start_engine(args: &ServeArgs, model_dir: &Path, cfg: EngineConfig) -> Result<Engine> {
+    if args.device == "cuda" {
+        return super::device::start_cuda(model_dir, cfg, args.dtype.dtype);
+    }
+    let dtype = args.dtype.dtype;
+    tracing::info!(dir = %model_dir.display(), %dtype, "loading model");
+    let mut bar = None;
+    let model = agentd_models::Model::load_with_progress(model_dir, dtype, |total| {
+        let p = Arc::new(agentd_hub::Progress::bytes("Loading weights", total));
+        bar = Some(p.clone());
+        Some(Arc::new(move |n| p.inc(n)) as agentd_models::loader::LoadProgress)
+    })
+    .with_context(|| format!("loading the model in {}", model_dir.display()))?;
+    if let Some(b) = bar {
+        b.finish();
+    }
+    Engine::with_model(Arc::new(model), cfg)
+        .with_context(|| format!("starting the engine on {}", model_dir.display()))
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    args.vllm.check(&args.device)?;
+    let model = served_model(&args)?;
+    let kv = super::kv_size::plan(
+        &KvArgs {
+            num_kv_blocks: args.num_kv_blocks,
+            kv_cache_memory: args.kv_cache_memory,
+            max_model_len: args.max_model_len,
+            block_size: args.sched.block_size,
+            cuda: args.device == "cuda",
+            model_dir: &model.dir,
+        },
+        std::env::var("VLLM_CPU_KVCACHE_SPACE").ok().as_deref(),
+    )?;
+    let host_blocks = host_blocks(&args, &kv)?;
+    let defaults = super::generation::defaults(&args.generation_config, &model.dir)?;
     let cfg = EngineConfig {
         replicas: args.replicas,
-        num_blocks,
+        num_blocks: kv.num_blocks,
         block_size: args.sched.block_size,
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_waiting: args.max_waiting,
@@ -280,24 +356,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..EngineConfig::default()
     };
     tracing::info!(?cfg, "starting engine");
-    let engine = match args.device.as_str() {
-        "cuda" => super::device::start_cuda(&model_dir, cfg, args.dtype.dtype)?,
-        _ => {
-            let dtype = args.dtype.dtype;
-            tracing::info!(dir = %model_dir.display(), %dtype, "loading model");
-            let model = agentd_models::Model::load_as(&model_dir, dtype)
-                .with_context(|| format!("loading the model in {}", model_dir.display()))?;
-            Engine::with_model(Arc::new(model), cfg)
-                .with_context(|| format!("starting the engine on {}", model_dir.display()))?
-        }
-    };
-    let mut state = agentd_server::AppState::with_tools(
+    let threads = cfg.threads_each();
+    let engine = start_engine(&args, &model.dir, cfg)?;
+    super::kv_size::log_capacity(&kv, engine.max_model_len(), args.replicas);
+    let mut state = agentd_server::AppState::with_tokenizer(
         engine,
-        &model_dir,
-        name.clone(),
+        &model.dir,
+        &model.tokenizer_dir,
+        model.name.clone(),
         None,
         args.tools.to_config(args.sched.program_lease_s)?,
     )?;
+    state.model_root = model.root.clone();
+    state.sampling_defaults = defaults.params.clone();
+    tracing::info!(source = %defaults.source, "default sampling: {}", defaults.summary());
     state.set_parsers(
         args.tool_call_parser.as_deref(),
         args.reasoning_parser.as_deref(),
@@ -311,7 +383,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .context("--header-read-timeout-s must be a positive number of seconds")?,
         max_connections: args.max_connections.max(1),
     };
-
+    let banner = super::banner::Banner {
+        model: &model.root,
+        name: &model.name,
+        dir: &model.dir,
+        config: state.engine.model_config(),
+        dtype: args.dtype.dtype,
+        device: &args.device,
+        replicas: args.replicas,
+        threads,
+        kv: &kv,
+        max_model_len: state.max_model_len,
+        host_blocks,
+        scheduler: args.scheduler,
+        sampling: &defaults,
+        keys: state.api_keys.len(),
+    }
+    .render();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -322,7 +410,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
-        tracing::info!(address = %local, model = %name, "listening on http://{local}");
+        eprint!("{}", banner.replace("{address}", &local.to_string()));
+        tracing::info!(address = %local, model = %model.name, "listening on http://{local}");
         agentd_server::serve(listener, Arc::new(state), shutdown_signal()).await?;
         Ok(())
     })
@@ -383,77 +472,4 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutdown signal received");
-}
-
-/// Where the default model is cached: `$XDG_CACHE_HOME/agentd`, else
-/// `~/.cache/agentd`, else `target/agentd-default-model`.
-fn cache_root() -> PathBuf {
-    let env_dir = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    env_dir("XDG_CACHE_HOME")
-        .map(|d| d.join("agentd"))
-        .or_else(|| env_dir("HOME").map(|h| h.join(".cache/agentd")))
-        .unwrap_or_else(|| PathBuf::from("target/agentd-default-model"))
-}
-
-/// The embedded tiny Qwen3, generated on first use.
-fn default_model() -> Result<PathBuf> {
-    let root = cache_root().join(DEFAULT_MODEL_VERSION);
-    let model = root.join("model");
-    if model.join(".complete").is_file() {
-        tracing::info!(dir = %model.display(), "serving the cached default model");
-        return Ok(model);
-    }
-    tracing::info!(dir = %model.display(), "generating the default tiny Qwen3 (first run)");
-    // Build in a scratch directory and rename, so an interrupted first run
-    // never leaves a half-written model that later runs would trust.
-    let scratch = root.join(format!("tmp-{}", std::process::id()));
-    write_default(&scratch).with_context(|| format!("writing {}", scratch.display()))?;
-    if model.exists() {
-        std::fs::remove_dir_all(&model).ok();
-    }
-    if let Err(e) = std::fs::rename(scratch.join("model"), &model) {
-        // Another process may have won the race; use its model if complete.
-        if !model.join(".complete").is_file() {
-            bail!(
-                "cannot move the default model into {}: {e}",
-                model.display()
-            );
-        }
-    }
-    std::fs::remove_dir_all(&scratch).ok();
-    Ok(model)
-}
-
-fn write_default(scratch: &Path) -> Result<()> {
-    let tok_dir = scratch.join("qwen3");
-    std::fs::create_dir_all(&tok_dir)?;
-    std::fs::write(tok_dir.join("tokenizer.json"), DEFAULT_TOKENIZER)?;
-    std::fs::write(
-        tok_dir.join("tokenizer_config.json"),
-        DEFAULT_TOKENIZER_CONFIG,
-    )?;
-    let card_path = scratch.join("qwen3-tiny.json");
-    std::fs::write(&card_path, DEFAULT_CARD)?;
-    let card = ModelCard::from_file(&card_path)?;
-    let out = scratch.join("model");
-    write_random_model(&card.config, &out, 0, card.tokenizer_dir.as_deref())?;
-    std::fs::write(out.join(".complete"), b"")?;
-    Ok(())
-}
-
-/// Bytes of one KV block of the served model on the chosen device.
-fn bytes_per_block(args: &ServeArgs, model_dir: &std::path::Path) -> anyhow::Result<usize> {
-    let mc = agentd_models::ModelConfig::from_dir(model_dir)
-        .with_context(|| format!("reading {}", model_dir.display()))?;
-    // The CPU cache holds f32, the CUDA cache 16-bit values.
-    let shrink = if args.device == "cuda" { 2 } else { 1 };
-    Ok(
-        (agentd_models::KvCacheConfig::for_model(&mc, 1, args.sched.block_size).bytes_per_block()
-            / shrink)
-            .max(1),
-    )
 }

@@ -29,10 +29,24 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    spawn_serve_env(cache, args, &[])
+}
+
+/// [`spawn_serve`] with extra environment variables.
+pub fn spawn_serve_env<I, S>(
+    cache: &str,
+    args: I,
+    env: &[(&str, &str)],
+) -> (Proc, String, mpsc::Receiver<String>)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(cache);
     let child = Command::new(env!("CARGO_BIN_EXE_agentd"))
         .args(["serve", "--port", "0"])
         .args(args)
+        .envs(env.iter().copied())
         .env("XDG_CACHE_HOME", &cache)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
@@ -94,6 +108,19 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    serve_fails_env(cache, args, &[])
+}
+
+/// [`serve_fails`] with extra environment variables.
+pub fn serve_fails_env<I, S>(
+    cache: &str,
+    args: I,
+    env: &[(&str, &str)],
+) -> (std::process::ExitStatus, Vec<String>)
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     // A port nobody listens on now; the server would bind it once loaded.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -103,6 +130,7 @@ where
     let child = Command::new(env!("CARGO_BIN_EXE_agentd"))
         .args(["serve", "--port", &port.to_string()])
         .args(args)
+        .envs(env.iter().copied())
         .env("XDG_CACHE_HOME", &cache)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")

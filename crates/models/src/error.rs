@@ -60,8 +60,6 @@ pub enum ModelError {
     CacheMismatch(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    #[error("hub: {0}")]
-    Hub(String),
     #[error("sampling: {0}")]
     Sampling(String),
     #[error("candle: {0}")]

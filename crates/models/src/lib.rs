@@ -22,8 +22,6 @@ pub mod config;
 pub mod error;
 pub mod glm4;
 pub mod glm4_moe;
-#[cfg(feature = "hub")]
-pub mod hub;
 pub mod layers;
 pub mod loader;
 pub mod logits;
@@ -43,7 +41,7 @@ pub mod tokenizer;
 
 pub use attention::{KvCacheConfig, PagedKvCache};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};
-pub use config::{Family, ModelConfig, Qwen3Config, WeightDtype};
+pub use config::{Family, GenerationConfig, ModelConfig, Qwen3Config, WeightDtype};
 pub use error::{ModelError, Result};
 pub use loader::LoadDtype;
 pub use logits::Logits;

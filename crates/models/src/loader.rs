@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
@@ -96,6 +96,10 @@ impl std::fmt::Display for LoadDtype {
     }
 }
 
+/// Told the stored bytes of each tensor as it is copied out of the mapping
+/// (`agentd serve` draws the loading progress bar with it).
+pub type LoadProgress = Arc<dyn Fn(u64) + Send + Sync>;
+
 /// The weights of one checkpoint, memory-mapped.
 pub struct Weights {
     mmaped: MmapedSafetensors,
@@ -108,6 +112,7 @@ pub struct Weights {
     /// What was handed out so far: bytes (in memory, after any cast) and
     /// tensor names.
     loaded: Mutex<Loaded>,
+    progress: Option<LoadProgress>,
 }
 
 #[derive(Default)]
@@ -165,6 +170,7 @@ impl Weights {
             device: device.clone(),
             matrix_dtype: LoadDtype::Auto,
             loaded: Mutex::default(),
+            progress: None,
         })
     }
 
@@ -173,6 +179,21 @@ impl Weights {
     pub fn with_dtype(mut self, dtype: LoadDtype) -> Self {
         self.matrix_dtype = dtype;
         self
+    }
+
+    /// Reports each tensor's stored bytes to `progress` as it is loaded.
+    pub fn with_progress(mut self, progress: Option<LoadProgress>) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    /// Bytes of the checkpoint's files (what a progress bar counts to).
+    pub fn file_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .filter_map(|f| f.metadata().ok())
+            .map(|m| m.len())
+            .sum()
     }
 
     /// Loads the weight matrix `name` in the dtype of [`Weights::with_dtype`].
@@ -227,7 +248,7 @@ impl Weights {
         let (view, stored, _) = self.view(name, shape)?;
         let out = f(stored, view.data());
         release_pages(view.data());
-        self.note_loaded(name, view.data().len());
+        self.note_loaded(name, view.data().len(), view.data().len());
         Ok(out)
     }
 
@@ -278,7 +299,10 @@ impl Weights {
         Ok((view, stored, file))
     }
 
-    fn note_loaded(&self, name: &str, bytes: usize) {
+    fn note_loaded(&self, name: &str, bytes: usize, stored: usize) {
+        if let Some(p) = &self.progress {
+            p(stored as u64);
+        }
         if let Ok(mut l) = self.loaded.lock() {
             l.bytes += bytes;
             l.names.insert(name.to_owned());
@@ -292,13 +316,14 @@ impl Weights {
             reason: format!("tensor `{name}`: {e}"),
         })?;
         release_pages(view.data());
+        let stored_len = view.data().len();
         let want: DType = dtype.resolve(stored).to_candle();
         let t = if t.dtype() == want {
             t
         } else {
             t.to_dtype(want)?
         };
-        self.note_loaded(name, t.elem_count() * want.size_in_bytes());
+        self.note_loaded(name, t.elem_count() * want.size_in_bytes(), stored_len);
         Ok(t.contiguous()?)
     }
 }

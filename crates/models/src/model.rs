@@ -17,7 +17,7 @@ use crate::batch::BatchInput;
 use crate::config::{Family, ModelConfig, WeightDtype};
 use crate::error::Result;
 use crate::layers::{gather_rows, inv_freq, norm_weight, rms_norm, Linear, RopeBatch};
-use crate::loader::{LoadDtype, Weights};
+use crate::loader::{LoadDtype, LoadProgress, Weights};
 use crate::self_attn::StepCtx;
 use crate::{glm4, glm4_moe, qwen3, qwen3_moe};
 
@@ -57,9 +57,21 @@ impl Model {
     /// bf16/f16 matrices stay 16-bit in memory and the products widen them
     /// exactly: the same logits as the f32 load of the same file.
     pub fn load_as(dir: &Path, dtype: LoadDtype) -> Result<Self> {
+        Self::load_with_progress(dir, dtype, |_| None)
+    }
+
+    /// [`Model::load_as`], reporting loaded bytes to the hook `progress`
+    /// makes from the checkpoint's total bytes.
+    pub fn load_with_progress(
+        dir: &Path,
+        dtype: LoadDtype,
+        progress: impl FnOnce(u64) -> Option<LoadProgress>,
+    ) -> Result<Self> {
         let cfg = ModelConfig::from_dir(dir)?;
         let device = Device::Cpu;
         let weights = Weights::from_dir(dir, &device)?.with_dtype(dtype);
+        let hook = progress(weights.file_bytes());
+        let weights = weights.with_progress(hook);
         Self::from_weights(cfg, &weights)
     }
 

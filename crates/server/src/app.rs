@@ -9,7 +9,7 @@ use std::time::Duration;
 use agentd_chat::{ChatTemplate, OutputFormat, UnknownParser};
 use agentd_engine::{Engine, ProgramEnded};
 use agentd_models::sampling::GrammarCompiler;
-use agentd_models::Tokenizer;
+use agentd_models::{SamplingParams, Tokenizer};
 use agentd_tools::{Tools, ToolsConfig};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -80,6 +80,10 @@ pub struct AppState {
     /// (built once here: the token trie costs ~0.1 s); `None` when the
     /// tokenizer's byte spelling is unknown.
     pub grammar: Option<Arc<GrammarCompiler>>,
+    /// The sampling a request gets for each field it leaves unset: the
+    /// model's `generation_config.json` (vLLM's `--generation-config auto`,
+    /// set by `agentd serve`), else [`SamplingParams::default`].
+    pub sampling_defaults: SamplingParams,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -127,24 +131,38 @@ impl AppState {
         api_key: Option<String>,
         tools: ToolsConfig,
     ) -> Result<Self, SetupError> {
+        Self::with_tokenizer(engine, model_dir, model_dir, model_name, api_key, tools)
+    }
+
+    /// [`AppState::with_tools`] with the tokenizer and chat template read
+    /// from `tokenizer_dir` (vLLM's `--tokenizer`) instead of the model's.
+    pub fn with_tokenizer(
+        engine: Engine,
+        model_dir: &Path,
+        tokenizer_dir: &Path,
+        model_name: String,
+        api_key: Option<String>,
+        tools: ToolsConfig,
+    ) -> Result<Self, SetupError> {
         let dir = model_dir.display().to_string();
-        let tokenizer = Tokenizer::from_dir(model_dir).map_err(|source| SetupError::Tokenizer {
-            dir: dir.clone(),
-            source,
-        })?;
-        let config = model_dir.join("tokenizer_config.json");
+        let tokenizer =
+            Tokenizer::from_dir(tokenizer_dir).map_err(|source| SetupError::Tokenizer {
+                dir: tokenizer_dir.display().to_string(),
+                source,
+            })?;
+        let config = tokenizer_dir.join("tokenizer_config.json");
         let template = if config.is_file() {
             Some(
                 ChatTemplate::from_tokenizer_config_file(&config).map_err(|source| {
                     SetupError::Template {
-                        dir: dir.clone(),
+                        dir: tokenizer_dir.display().to_string(),
                         source,
                     }
                 })?,
             )
         } else {
             tracing::warn!(
-                dir,
+                dir = %tokenizer_dir.display(),
                 "no tokenizer_config.json: chat completions are disabled"
             );
             None
@@ -178,6 +196,7 @@ impl AppState {
             output_format: OutputFormat::for_model_type(&model_type),
             model_type,
             grammar,
+            sampling_defaults: SamplingParams::default(),
         })
     }
 

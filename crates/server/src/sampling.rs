@@ -17,7 +17,9 @@ pub struct Sampling {
     pub stop: Vec<String>,
 }
 
-/// Builds the sampling parameters. `prompt_len` and `max_model_len` give the
+/// Builds the sampling parameters; a field the request leaves unset takes
+/// its value from `defaults` (the model's generation config, see
+/// [`crate::AppState::sampling_defaults`]). `prompt_len` and `max_model_len` give the
 /// default `max_tokens` (the rest of the context, as vLLM does) and the
 /// context-length check; `logprobs` is the number of alternatives asked for
 /// and the request field that asked (`top_logprobs` in chat, `logprobs` in
@@ -25,6 +27,7 @@ pub struct Sampling {
 /// one validation, whose refusal names the field.
 pub fn build(
     c: &CommonParams,
+    defaults: &SamplingParams,
     logprobs: Option<(u32, &'static str)>,
     prompt_len: usize,
     max_model_len: usize,
@@ -54,7 +57,6 @@ pub fn build(
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
     }
-    let defaults = SamplingParams::default();
     let params = SamplingParams {
         temperature: c.temperature.unwrap_or(defaults.temperature),
         top_k: c.top_k.unwrap_or(defaults.top_k),
@@ -92,10 +94,11 @@ mod tests {
 
     #[test]
     fn defaults_fill_the_context() {
-        let s = build(&common("{}"), None, 10, 100).unwrap();
+        let s = build(&common("{}"), &SamplingParams::default(), None, 10, 100).unwrap();
         assert_eq!(s.params.max_tokens, 90);
         let s = build(
             &common(r#"{"max_completion_tokens":4,"max_tokens":9}"#),
+            &SamplingParams::default(),
             Some((2, "logprobs")),
             10,
             100,
@@ -107,7 +110,9 @@ mod tests {
 
     #[test]
     fn refusals() {
-        let err = |j: &str, p: usize| build(&common(j), None, p, 100).unwrap_err();
+        let err = |j: &str, p: usize| {
+            build(&common(j), &SamplingParams::default(), None, p, 100).unwrap_err()
+        };
         assert!(matches!(err("{}", 100), ApiError::ContextTooLong(_)));
         assert!(matches!(
             err(r#"{"max_tokens":96}"#, 5),
@@ -152,7 +157,14 @@ mod tests {
             err(r#"{"presence_penalty":3}"#, 5),
             ApiError::InvalidParam { .. }
         ));
-        let e = build(&common("{}"), Some((21, "top_logprobs")), 5, 100).unwrap_err();
+        let e = build(
+            &common("{}"),
+            &SamplingParams::default(),
+            Some((21, "top_logprobs")),
+            5,
+            100,
+        )
+        .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -163,6 +175,13 @@ mod tests {
             ),
             "{e}"
         );
-        assert!(build(&common(r#"{"n":1,"top_k":-1}"#), None, 5, 100).is_ok());
+        assert!(build(
+            &common(r#"{"n":1,"top_k":-1}"#),
+            &SamplingParams::default(),
+            None,
+            5,
+            100
+        )
+        .is_ok());
     }
 }

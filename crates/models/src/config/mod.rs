@@ -14,10 +14,12 @@ use crate::error::{ModelError, Result};
 
 mod family;
 mod fields;
+mod generation;
 mod moe;
 
 pub use family::Family;
 use fields::Fields;
+pub use generation::GenerationConfig;
 pub use moe::{DenseLayers, MoeConfig, RouterKind};
 
 /// RoPE frequency scaling from `rope_scaling` / `rope_parameters`.
@@ -113,7 +115,10 @@ pub struct ModelConfig {
 pub type Qwen3Config = ModelConfig;
 
 impl ModelConfig {
-    /// Reads `dir/config.json`.
+    /// Reads `dir/config.json`; the end-of-generation ids of
+    /// `dir/generation_config.json` join its own, as in vLLM (Qwen3 ends on
+    /// `<|im_end|>` by config.json and also on `<|endoftext|>` by its
+    /// generation config).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         if !path.is_file() {
@@ -122,7 +127,15 @@ impl ModelConfig {
                 what: "a Hugging Face model directory needs config.json",
             });
         }
-        Self::from_file(&path)
+        let mut cfg = Self::from_file(&path)?;
+        if let Some(g) = GenerationConfig::from_dir(dir) {
+            for id in g.eos_token_ids {
+                if !cfg.eos_token_ids.contains(&id) {
+                    cfg.eos_token_ids.push(id);
+                }
+            }
+        }
+        Ok(cfg)
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {

@@ -88,7 +88,13 @@ pub fn prepare(
         req.common.max_tokens = Some(m);
         req.common.max_completion_tokens = None;
     }
-    let mut sampling = sampling::build(&req.common, None, tokens.len(), state.max_model_len)?;
+    let mut sampling = sampling::build(
+        &req.common,
+        &state.sampling_defaults,
+        None,
+        tokens.len(),
+        state.max_model_len,
+    )?;
     sampling.params.constraint = constraint;
     let program_ref = ProgramRef {
         program: Some(program.clone()),

@@ -68,6 +68,7 @@ pub async fn handle(
     };
     let mut sampling = sampling::build(
         &req.common,
+        &state.sampling_defaults,
         top.map(|k| (k, "top_logprobs")),
         prompt.len(),
         state.max_model_len,

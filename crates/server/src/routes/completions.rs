@@ -87,6 +87,7 @@ pub async fn handle(
     for (ids, text) in prompts {
         let sampling = sampling::build(
             &req.common,
+            &state.sampling_defaults,
             req.logprobs.map(|k| (k, "logprobs")),
             ids.len(),
             state.max_model_len,

@@ -1,0 +1,165 @@
+//! vLLM's common `serve` flags that agentd does not have, so that a vLLM
+//! command line gets a one-line answer instead of clap's "unexpected
+//! argument": accepted where they change nothing here (said in a log line),
+//! else refused with `not supported: FLAG` and what to use instead.
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+/// Listed in `agentd serve --help` (after the options).
+pub const HELP: &str = "\
+vLLM flags: a model id, --revision, --download-dir, --tokenizer, --dtype, --max-model-len,
+  --served-model-name, --api-key, --block-size, --max-num-seqs, --max-num-batched-tokens, --kv-cache-memory
+  (-bytes), --kv-offloading-size, --generation-config, --tool-call-parser, --reasoning-parser,
+  --kv-events-config and --data-parallel-size (= --replicas) mean what they mean in vLLM.
+  Accepted, no effect here: --enable-prefix-caching (always on), --enable-chunked-prefill
+  (always on), --enable-auto-tool-choice (tool calls are always parsed), --trust-remote-code
+  (no remote code runs), --enforce-eager, --disable-log-requests, --disable-log-stats,
+  --tensor-parallel-size 1, --pipeline-parallel-size 1, --gpu-memory-utilization on the CPU
+  (the CPU KV cache is VLLM_CPU_KVCACHE_SPACE GiB, 4 by default).
+  Refused with \"not supported\": --tensor-parallel-size/--pipeline-parallel-size > 1,
+  --no-enable-prefix-caching, --gpu-memory-utilization on CUDA, --quantization,
+  --kv-cache-dtype other than auto, --enable-lora, --speculative-config, --chat-template,
+  --seed.
+Environment: HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME, HF_HUB_CACHE (as huggingface_hub);
+  VLLM_CPU_KVCACHE_SPACE (GiB of KV cache per replica on the CPU).";
+
+#[derive(Args, Debug, Default)]
+pub struct VllmFlags {
+    #[arg(long, hide = true)]
+    enable_prefix_caching: bool,
+    #[arg(long, hide = true)]
+    no_enable_prefix_caching: bool,
+    #[arg(long, hide = true)]
+    enable_chunked_prefill: bool,
+    #[arg(long, hide = true)]
+    enable_auto_tool_choice: bool,
+    #[arg(long, hide = true)]
+    trust_remote_code: bool,
+    #[arg(long, hide = true)]
+    enforce_eager: bool,
+    #[arg(long, hide = true)]
+    disable_log_requests: bool,
+    #[arg(long, hide = true)]
+    disable_log_stats: bool,
+    #[arg(long, hide = true)]
+    tensor_parallel_size: Option<u32>,
+    #[arg(long, hide = true)]
+    pipeline_parallel_size: Option<u32>,
+    #[arg(long, hide = true)]
+    gpu_memory_utilization: Option<f64>,
+    #[arg(long, hide = true)]
+    quantization: Option<String>,
+    #[arg(long, hide = true)]
+    kv_cache_dtype: Option<String>,
+    #[arg(long, hide = true)]
+    enable_lora: bool,
+    #[arg(long, hide = true)]
+    speculative_config: Option<String>,
+    #[arg(long, hide = true)]
+    chat_template: Option<String>,
+    #[arg(long, hide = true)]
+    seed: Option<u64>,
+}
+
+impl VllmFlags {
+    /// Logs the accepted no-ops; the first refused flag is the error.
+    pub fn check(&self, device: &str) -> Result<()> {
+        let refuse =
+            |flag: &str, why: &str| -> Result<()> { bail!("not supported: {flag} ({why})") };
+        if self.tensor_parallel_size.is_some_and(|n| n > 1) {
+            refuse(
+                "--tensor-parallel-size",
+                "one model copy per replica; --replicas N (--data-parallel-size) scales out",
+            )?;
+        }
+        if self.pipeline_parallel_size.is_some_and(|n| n > 1) {
+            refuse("--pipeline-parallel-size", "one model copy per replica")?;
+        }
+        if self.no_enable_prefix_caching {
+            refuse(
+                "--no-enable-prefix-caching",
+                "the program scheduler is built on the prefix cache",
+            )?;
+        }
+        if self.gpu_memory_utilization.is_some() && device == "cuda" {
+            refuse(
+                "--gpu-memory-utilization",
+                "size the CUDA KV cache with --kv-cache-memory or --num-kv-blocks",
+            )?;
+        }
+        if let Some(q) = &self.quantization {
+            refuse(
+                &format!("--quantization {q}"),
+                "weights load as f32, bf16 or f16 (--dtype)",
+            )?;
+        }
+        if let Some(d) = self.kv_cache_dtype.as_deref().filter(|d| *d != "auto") {
+            refuse(
+                &format!("--kv-cache-dtype {d}"),
+                "the KV cache is f32 on the CPU, 16-bit on CUDA",
+            )?;
+        }
+        if self.enable_lora {
+            refuse("--enable-lora", "no adapters")?;
+        }
+        if self.speculative_config.is_some() {
+            refuse("--speculative-config", "no speculative decoding")?;
+        }
+        if self.chat_template.is_some() {
+            refuse(
+                "--chat-template",
+                "the template comes from tokenizer_config.json (--tokenizer)",
+            )?;
+        }
+        if self.seed.is_some() {
+            refuse("--seed", "pass `seed` per request")?;
+        }
+        let ignored = [
+            (
+                self.enable_prefix_caching,
+                "--enable-prefix-caching: always on",
+            ),
+            (
+                self.enable_chunked_prefill,
+                "--enable-chunked-prefill: always on",
+            ),
+            (
+                self.enable_auto_tool_choice,
+                "--enable-auto-tool-choice: tool calls are always parsed",
+            ),
+            (
+                self.trust_remote_code,
+                "--trust-remote-code: no remote code runs here",
+            ),
+            (
+                self.enforce_eager,
+                "--enforce-eager: no graphs are captured",
+            ),
+            (
+                self.disable_log_requests,
+                "--disable-log-requests: requests are logged at debug level",
+            ),
+            (
+                self.disable_log_stats,
+                "--disable-log-stats: stats are on /metrics",
+            ),
+            (
+                self.tensor_parallel_size.is_some(),
+                "--tensor-parallel-size 1: one copy per replica",
+            ),
+            (
+                self.pipeline_parallel_size.is_some(),
+                "--pipeline-parallel-size 1: one copy per replica",
+            ),
+            (
+                self.gpu_memory_utilization.is_some(),
+                "--gpu-memory-utilization on the CPU: the KV cache is VLLM_CPU_KVCACHE_SPACE GiB",
+            ),
+        ];
+        for (_, what) in ignored.iter().filter(|(on, _)| *on) {
+            tracing::info!("accepted, no effect: {what}");
+        }
+        Ok(())
+    }
+}
