@@ -23,9 +23,9 @@ enum Command {
     /// OpenAI-compatible HTTP server on the engine: `agentd serve Qwen/Qwen3-8B` (a Hugging
     /// Face repository id or a model directory; default: the embedded tiny Qwen3).
     #[command(after_help = cmd::vllm_flags::HELP)]
-    Serve(cmd::serve::ServeArgs),
+    Serve(Box<cmd::serve::ServeArgs>),
     /// Discrete-event simulation of the scheduler and KV allocator under agent load.
-    Simulate(cmd::simulate::SimulateArgs),
+    Simulate(Box<cmd::simulate::SimulateArgs>),
     /// Write a random-weight Hugging Face model directory from a model card.
     MakeModel(cmd::make_model::MakeModelArgs),
     /// Generate from a prompt offline (no server) through the paged runtime.
@@ -60,8 +60,8 @@ fn run() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => cmd::serve::run(args),
-        Command::Simulate(args) => cmd::simulate::run(args),
+        Command::Serve(args) => cmd::serve::run(*args),
+        Command::Simulate(args) => cmd::simulate::run(*args),
         Command::MakeModel(a) => cmd::make_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Bench(a) => cmd::bench::run(*a),

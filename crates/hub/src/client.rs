@@ -53,7 +53,8 @@ impl Sibling {
             .or(self.blob_id.as_deref())
     }
 
-    pub fn len(&self) -> Option<u64> {
+    /// The file's size in bytes.
+    pub fn bytes(&self) -> Option<u64> {
         self.lfs.as_ref().map(|l| l.size).or(self.size)
     }
 }
@@ -183,7 +184,7 @@ impl Client {
             detail: format!("gives no {what} for {name}"),
         };
         let etag = file.etag().ok_or_else(|| listing_err("blob id"))?;
-        let size = file.len().ok_or_else(|| listing_err("size"))?;
+        let size = file.bytes().ok_or_else(|| listing_err("size"))?;
         let blob = cache.blob(etag);
         if blob.metadata().is_ok_and(|m| m.len() == size) {
             bar.inc(size);

@@ -249,12 +249,12 @@ fn fetch_all(
     repo: &RepoCache,
     label: &str,
 ) -> Result<()> {
-    let total = files.iter().filter_map(Sibling::len).sum();
+    let total = files.iter().filter_map(Sibling::bytes).sum();
     let bar = Progress::bytes(label, total);
     for f in files {
         bar.set_message(&f.rfilename);
         if !bar.is_visible() {
-            tracing::info!(file = %f.rfilename, bytes = f.len().unwrap_or(0), "downloading");
+            tracing::info!(file = %f.rfilename, bytes = f.bytes().unwrap_or(0), "downloading");
         }
         if let Err(e) = client.download(model, commit, f, repo, &bar) {
             bar.abandon();
