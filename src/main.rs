@@ -58,7 +58,14 @@ fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // vLLM's two-letter short flags (`-tp 2`), which clap's one-letter
+    // shorts cannot spell: answered by the long flags they stand for.
+    let cli = Cli::parse_from(std::env::args_os().map(|a| match a.to_str() {
+        Some("-tp") => "--tensor-parallel-size".into(),
+        Some("-pp") => "--pipeline-parallel-size".into(),
+        Some("-dp") => "--data-parallel-size".into(),
+        _ => a,
+    }));
     match cli.command {
         Command::Serve(args) => cmd::serve::run(*args),
         Command::Simulate(args) => cmd::simulate::run(*args),

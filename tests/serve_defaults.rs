@@ -163,7 +163,8 @@ fn kv_cache_sized_from_memory() {
     );
 
     // vLLM flags agentd does not implement: one line naming the flag.
-    let (status, lines) = serve_fails_env("serve-kv", [path, "--tensor-parallel-size", "2"], &[]);
+    // (`-tp` is vLLM's short spelling of --tensor-parallel-size.)
+    let (status, lines) = serve_fails_env("serve-kv", [path, "-tp", "2"], &[]);
     assert!(!status.success());
     let err = lines
         .iter()

@@ -72,7 +72,8 @@ pub struct ServeArgs {
     /// 0 picks a free port (the address is logged).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// The `model` name clients use; default: the model directory's name.
+    /// The `model` name clients use; default: the repository id as given,
+    /// or the model directory's name.
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Data-parallel engine replicas, each with its own KV pool.

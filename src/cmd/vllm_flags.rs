@@ -17,7 +17,7 @@ vLLM flags: a model id, --revision, --download-dir, --tokenizer, --dtype, --max-
   (no remote code runs), --enforce-eager, --disable-log-requests, --disable-log-stats,
   --tensor-parallel-size 1, --pipeline-parallel-size 1, --gpu-memory-utilization on the CPU
   (the CPU KV cache is VLLM_CPU_KVCACHE_SPACE GiB, 4 by default).
-  Refused with \"not supported\": --tensor-parallel-size/--pipeline-parallel-size > 1,
+  Refused with \"not supported\": --tensor-parallel-size/--pipeline-parallel-size (-tp/-pp) > 1,
   --no-enable-prefix-caching, --gpu-memory-utilization on CUDA, --quantization,
   --kv-cache-dtype other than auto, --enable-lora, --speculative-config, --chat-template,
   --seed.
