@@ -287,6 +287,10 @@ fn hub_env<'a>(endpoint: &'a str, hf_home: &'a str, offline: bool) -> Vec<(&'a s
         ("HF_HUB_CACHE", ""),
         ("HF_TOKEN", ""),
         ("HF_HUB_OFFLINE", if offline { "1" } else { "0" }),
+        // A proxy set for the machine (ureq honours *_PROXY) must not carry
+        // the loopback Hub's traffic.
+        ("NO_PROXY", "127.0.0.1,localhost"),
+        ("no_proxy", "127.0.0.1,localhost"),
     ]
 }
 
