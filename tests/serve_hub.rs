@@ -128,7 +128,7 @@ fn answer(
     };
     let authorized =
         headers.get("authorization").map(String::as_str) == Some(&format!("Bearer {TOKEN}"));
-    // /api/models/{o}/{n}/revision/{rev}?blobs=true
+    // /api/models/{o}/{n}/revision/{rev}?blobs=True
     if let Some(rest) = path.strip_prefix("/api/models/") {
         let parts: Vec<&str> = rest.splitn(4, '/').collect();
         let (repo_id, rev) = match parts.as_slice() {

@@ -1,6 +1,7 @@
 //! A small client of the Hub's file API, the two calls `huggingface_hub`'s
 //! `snapshot_download` makes: the file list of a revision
-//! (`GET /api/models/{repo}/revision/{rev}?blobs=true`) and each file
+//! (`GET /api/models/{repo}/revision/{rev}?blobs=True`, the query as
+//! huggingface_hub spells it) and each file
 //! (`GET /{repo}/resolve/{commit}/{file}`, resumable with `Range`).
 //!
 //! Why not the `hf-hub` crate the issue suggested: measured with `cargo
@@ -115,7 +116,7 @@ impl Client {
     /// The files and commit of `revision`.
     pub fn list(&self, repo: &str, revision: &str) -> Result<RepoInfo> {
         let url = format!(
-            "{}/api/models/{repo}/revision/{}?blobs=true",
+            "{}/api/models/{repo}/revision/{}?blobs=True",
             self.endpoint,
             encode(revision, false)
         );
