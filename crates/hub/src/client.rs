@@ -8,9 +8,10 @@
 //! tree -p agentd -e normal` (distinct crates), hf-hub 1.0 with its TLS
 //! takes the binary from 264 crates to 363 (+99, among them aws-lc-sys, a
 //! CMake/C build of AWS-LC, the whole hf-xet stack, h2 and quinn), this
-//! client on ureq + rustls (ring) from 264 to 282 (+18). Its new crates
-//! built in 4m48s of CPU on the 2-core machine (ring and rustls most of
-//! it). hf-hub also decides the wire protocol (Xet when the Hub offers it),
+//! client on ureq + rustls (ring) from 264 to 282 (+18). `cargo build -p
+//! agentd-hub` on a warm workspace target took 4m48s of CPU on the 2-core
+//! machine (ring, rustls and shared crates rebuilt for its feature set);
+//! hf-hub's build was not timed. hf-hub also decides the wire protocol (Xet when the Hub offers it),
 //! which a loopback test cannot pin down; the Hub serves every file, Xet
 //! ones included, over `resolve`, so plain HTTP loses only Xet's chunk
 //! deduplication.
