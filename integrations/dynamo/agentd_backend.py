@@ -54,9 +54,12 @@ logger = logging.getLogger("agentd_backend")
 
 # Sampling fields of Dynamo's `sampling_options` that agentd's completions take
 # under the same name (vLLM's); others (n > 1, beam search, guided decoding)
-# are refused rather than silently dropped.
+# are refused rather than silently dropped. The token controls are forwarded
+# when a frontend sets them; agentd checks them (a bad value is a 400 that
+# fails the request with agentd's message).
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-             "frequency_penalty", "repetition_penalty")
+             "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
+             "bad_words")
 _USAGE = ("prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")
 
 
@@ -78,8 +81,10 @@ def agentd_request(request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, s
         body["max_tokens"] = int(sc["max_tokens"])
     if sc.get("ignore_eos"):
         body["ignore_eos"] = True
+    # vLLM's min_tokens: agentd holds back EOS and the stop ids below (masked
+    # to -inf) until that many tokens; stop strings stay with the frontend.
     if sc.get("min_tokens"):
-        raise InvalidArgument("agentd has no min_tokens (use ignore_eos with max_tokens)")
+        body["min_tokens"] = int(sc["min_tokens"])
     # Hidden stop ids end the sequence without being shown; agentd's
     # stop_token_ids do the same (vLLM's meaning). Stop strings stay with the
     # frontend, which detokenizes and stops the stream itself.

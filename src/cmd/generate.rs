@@ -142,6 +142,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         max_tokens: args.max_tokens,
         logprobs: args.top_logprobs,
         constraint: None,
+        controls: Default::default(),
     };
     let mut sampler = SequenceSampler::new(params, &prompt)?;
 
@@ -188,7 +189,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             t_decode = Some(Instant::now());
         }
         let row: Vec<f32> = logits.squeeze(0)?.to_vec1()?;
-        let s = sampler.sample(&row)?;
+        let s = sampler.sample(&row, &cfg.eos_token_ids)?;
         out_ids.push(s.token_id);
         if let Some(lp) = s.logprob {
             logprobs.push(TokenLogprob {

@@ -71,6 +71,9 @@ pub struct TokenEvent {
     pub logprob: Option<f32>,
     /// Top alternatives `(token, logprob)`, best first.
     pub top: Vec<(u32, f32)>,
+    /// The token ended the request as a stop token id or EOS (see
+    /// [`agentd_models::SampleOutput::stop_token`]).
+    pub stop_token: bool,
 }
 
 /// What a request's stream carries.

@@ -484,6 +484,7 @@ impl Core {
                     token_id: output.token_id,
                     logprob: output.logprob,
                     top: output.top,
+                    stop_token: output.stop_token,
                 }),
             );
             if let Some(f) = out.finish {

@@ -271,6 +271,7 @@ impl Engine {
                 "token id {t} is outside the vocabulary (size {vocab})"
             )));
         }
+        req.sampling.controls.validate_vocab(vocab)?;
         // `max_model_len` never exceeds one replica's pool (checked at
         // start), so a request within it always fits when alone.
         let (max_tokens, max) = (req.sampling.max_tokens, self.inner.max_model_len);

@@ -56,6 +56,7 @@ mod tests {
             token_id: id,
             logprob: None,
             top: Vec::new(),
+            stop_token: false,
         })
     }
 

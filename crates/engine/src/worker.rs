@@ -412,7 +412,7 @@ type Job<'a> = (
 
 /// One row. A sampler error (or a missing row) ends the request.
 fn sample_one((sampler, row, out): &mut Job<'_>, eos: &[u32]) {
-    **out = Some(match sampler.sample(row) {
+    **out = Some(match sampler.sample(row, eos) {
         Ok(output) => {
             let finish = sampler.finish_reason(output.token_id, eos);
             Sampled {

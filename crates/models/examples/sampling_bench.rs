@@ -200,7 +200,7 @@ fn main() {
                 })
                 .collect();
             let t_new = median_step(&rows, |i, r| {
-                new[i].sample(r).expect("sample");
+                new[i].sample(r, &[]).expect("sample");
             });
             let t_old = median_step(&rows, |i, r| {
                 old[i].sample(r);

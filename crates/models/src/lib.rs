@@ -47,5 +47,7 @@ pub use loader::LoadDtype;
 pub use logits::Logits;
 pub use model::{Model, Qwen3Model};
 pub use runner::{CpuRunner, StepRunner};
-pub use sampling::{FinishReason, InvalidSampling, SampleOutput, SamplingParams, SequenceSampler};
+pub use sampling::{
+    FinishReason, InvalidSampling, SampleOutput, SamplingParams, SequenceSampler, TokenControls,
+};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

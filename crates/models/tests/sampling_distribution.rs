@@ -75,9 +75,9 @@ fn histogram(p: &SamplingParams, prompt: &[u32], warmup: &[Vec<f32>], row: &[f32
         };
         let mut s = SequenceSampler::new(params, prompt).unwrap();
         for w in warmup {
-            s.sample(w).unwrap();
+            s.sample(w, &[]).unwrap();
         }
-        counts[s.sample(row).unwrap().token_id as usize] += 1;
+        counts[s.sample(row, &[]).unwrap().token_id as usize] += 1;
     }
     counts
 }

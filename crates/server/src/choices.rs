@@ -140,7 +140,7 @@ pub fn submit(
                 gen: Generation::new(
                     stream,
                     state.tokenizer.clone(),
-                    sampling.stop.clone(),
+                    &sampling,
                     logprobs,
                     prompt.len(),
                 ),

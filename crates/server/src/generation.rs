@@ -10,6 +10,7 @@ use agentd_models::{IncrementalDecoder, Tokenizer};
 
 use crate::error::ApiError;
 use crate::protocol::{TokenLogprob, TopLogprob, UsageInfo};
+use crate::sampling::Sampling;
 use crate::stop::{StopMatcher, StopOutcome};
 
 /// Text settled by one or more tokens, with the logprobs of the tokens whose
@@ -41,6 +42,11 @@ pub struct Generation {
     tokenizer: Arc<Tokenizer>,
     decoder: IncrementalDecoder,
     stop: StopMatcher,
+    /// Stop strings are looked for only past this many tokens (vLLM's
+    /// `min_tokens`; the engine holds back stop ids and EOS itself).
+    min_tokens: usize,
+    /// vLLM's `include_stop_str_in_output`: also the text of a stop token.
+    include_stop: bool,
     logprobs: bool,
     prompt_tokens: usize,
     completion_tokens: usize,
@@ -59,7 +65,7 @@ impl Generation {
     pub fn new(
         stream: RequestStream,
         tokenizer: Arc<Tokenizer>,
-        stop: Vec<String>,
+        sampling: &Sampling,
         logprobs: bool,
         prompt_tokens: usize,
     ) -> Self {
@@ -70,7 +76,9 @@ impl Generation {
             // friends never show in the text; Qwen3's `<think>` and
             // `<tool_call>` are not special, so the chat parser still sees them.
             decoder: IncrementalDecoder::new(true),
-            stop: StopMatcher::new(stop),
+            stop: StopMatcher::new(sampling.stop.clone(), sampling.include_stop_str_in_output),
+            min_tokens: sampling.params.controls.min_tokens,
+            include_stop: sampling.include_stop_str_in_output,
             logprobs,
             prompt_tokens,
             completion_tokens: 0,
@@ -114,7 +122,8 @@ impl Generation {
                         usage.cached_tokens,
                     );
                     tracing::debug!(reason = reason.as_openai(), ?usage, "request finished");
-                    return Ok(Some(match self.stop.push(&tail) {
+                    let check = self.completion_tokens > self.min_tokens;
+                    return Ok(Some(match self.stop.push(&tail, check) {
                         StopOutcome::Stopped(text) => self.finish_stopped(text),
                         StopOutcome::Ready(mut text) => {
                             text.push_str(&self.stop.finish());
@@ -151,11 +160,17 @@ impl Generation {
             let lp = self.token_logprob(&t)?;
             self.pending.push_back((self.decoded, lp));
         }
+        // vLLM's detokenizer leaves a stop token's text out (the stream
+        // ends with it) unless stop strings are included.
+        if t.stop_token && !self.include_stop {
+            return Ok(None);
+        }
         let Some(delta) = self.decoder.push(&self.tokenizer, t.token_id)? else {
             return Ok(None);
         };
         self.decoded += delta.len();
-        Ok(match self.stop.push(&delta) {
+        let check = self.completion_tokens > self.min_tokens;
+        Ok(match self.stop.push(&delta, check) {
             StopOutcome::Stopped(text) => Some(self.finish_stopped(text)),
             StopOutcome::Ready(text) if text.is_empty() => None,
             StopOutcome::Ready(text) => Some(Step::Piece(self.piece(text, false))),

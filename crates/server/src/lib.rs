@@ -29,8 +29,10 @@
 pub mod app;
 pub mod chat_prompt;
 pub mod choices;
+pub mod controls;
 pub mod error;
 pub mod fallback;
+pub mod fields;
 pub mod generation;
 pub mod listener;
 pub mod metrics;

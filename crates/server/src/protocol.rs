@@ -6,6 +6,8 @@
 //! 400 naming the field, never a panic.
 
 use agentd_chat::{ChatDelta, ChatMessage, ToolCall};
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
@@ -83,6 +85,18 @@ pub struct CommonParams {
     pub repetition_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// OpenAI's `logit_bias`: token id (a string) -> bias in [-100, 100].
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Stop strings, stop ids and EOS are held back until this many tokens.
+    pub min_tokens: Option<u64>,
+    /// Words never generated (with and without a leading space).
+    pub bad_words: Option<Vec<String>>,
+    /// Only these tokens are sampled.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Keep only the last k prompt tokens; -1 keeps `max_model_len`.
+    pub truncate_prompt_tokens: Option<i64>,
+    /// The matched stop string (or stop token's text) stays in the output.
+    pub include_stop_str_in_output: Option<bool>,
     /// vLLM's `cache_salt`: only requests with the same salt (of the same
     /// tenant) share prefix-cache blocks. A non-empty string.
     pub cache_salt: Option<String>,
@@ -101,6 +115,11 @@ pub struct CommonParams {
     pub tool_name: Option<String>,
     pub extra_body: Option<ExtraBody>,
     pub nvext: Option<NvExt>,
+    /// Every field no request type reads: checked by [`crate::fields::check`]
+    /// (refused when an API defines it and agentd does not implement it,
+    /// else logged and ignored).
+    #[serde(flatten)]
+    pub extra: Map<String, Json>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -358,6 +377,9 @@ mod tests {
             Some("p")
         );
         assert!(matches!(req.common.stop, Some(StopSpec::One(_))));
+        // Only the fields nothing read are left for the unknown-field check.
+        let keys: Vec<&String> = req.common.extra.keys().collect();
+        assert_eq!(keys, ["unknown_field"]);
     }
 
     #[test]

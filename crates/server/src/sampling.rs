@@ -15,6 +15,8 @@ pub struct Sampling {
     pub params: SamplingParams,
     /// Stop strings, matched by the server on the detokenised text.
     pub stop: Vec<String>,
+    /// vLLM's `include_stop_str_in_output` (set by [`crate::controls::apply`]).
+    pub include_stop_str_in_output: bool,
 }
 
 /// Builds the sampling parameters; a field the request leaves unset takes
@@ -72,6 +74,8 @@ pub fn build(
         logprobs: logprobs.map(|(k, _)| k as usize),
         // Set by the route from `response_format` / `tool_choice`.
         constraint: None,
+        // Set by `controls::apply`.
+        controls: Default::default(),
     };
     params.validate().map_err(|e| {
         let field = match (e.field, logprobs) {
@@ -81,7 +85,11 @@ pub fn build(
         ApiError::invalid(field, e.message)
     })?;
     tracing::debug!(?params, stop = ?stop, "sampling parameters");
-    Ok(Sampling { params, stop })
+    Ok(Sampling {
+        params,
+        stop,
+        include_stop_str_in_output: false,
+    })
 }
 
 #[cfg(test)]

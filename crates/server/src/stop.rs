@@ -2,28 +2,32 @@
 //!
 //! The engine knows token ids, not text, so the server finds stop strings
 //! itself: it holds back the last `longest stop - 1` bytes (a stop string may
-//! be split across tokens), and on a match returns the text before it; the
-//! caller then drops the engine stream, which cancels the request.
+//! be split across tokens), and on a match returns the text before it (or
+//! through it, with vLLM's `include_stop_str_in_output`); the caller then
+//! drops the engine stream, which cancels the request.
 
 /// What a pushed piece of text settles.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopOutcome {
     /// Text that can be sent (possibly empty: all of it is held back).
     Ready(String),
-    /// A stop string matched: the text before it; nothing follows.
+    /// A stop string matched: the text before it (and the stop string
+    /// itself when included); nothing follows.
     Stopped(String),
 }
 
 #[derive(Debug, Clone)]
 pub struct StopMatcher {
     stops: Vec<String>,
+    /// Whether the matched stop string stays in the output.
+    include: bool,
     /// Bytes kept back so that a stop string split across pushes is seen whole.
     hold: usize,
     pending: String,
 }
 
 impl StopMatcher {
-    pub fn new(stops: Vec<String>) -> Self {
+    pub fn new(stops: Vec<String>, include: bool) -> Self {
         let hold = stops
             .iter()
             .map(String::len)
@@ -32,24 +36,33 @@ impl StopMatcher {
             .saturating_sub(1);
         StopMatcher {
             stops,
+            include,
             hold,
             pending: String::new(),
         }
     }
 
-    pub fn push(&mut self, text: &str) -> StopOutcome {
+    /// Adds `text`; when `check` is false (vLLM's `min_tokens` not reached
+    /// yet) no stop string is looked for. A match must end inside `text`
+    /// (vLLM's window): text pushed unchecked never ends one later.
+    pub fn push(&mut self, text: &str, check: bool) -> StopOutcome {
         if self.stops.is_empty() {
             return StopOutcome::Ready(text.to_string());
         }
+        let old = self.pending.len();
         self.pending.push_str(text);
         // Earliest match wins, whichever stop string it is.
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = hit {
-            self.pending.truncate(at);
+        let hit = check
+            .then(|| {
+                self.stops
+                    .iter()
+                    .filter_map(|s| self.find_ending_after(s, old))
+                    .min()
+            })
+            .flatten();
+        if let Some((at, len)) = hit {
+            self.pending
+                .truncate(if self.include { at + len } else { at });
             return StopOutcome::Stopped(std::mem::take(&mut self.pending));
         }
         let mut cut = self.pending.len().saturating_sub(self.hold);
@@ -58,6 +71,18 @@ impl StopMatcher {
         }
         let ready: String = self.pending.drain(..cut).collect();
         StopOutcome::Ready(ready)
+    }
+
+    /// `(start, len)` of the first `s` in the pending text that ends past
+    /// byte `old`.
+    fn find_ending_after(&self, s: &str, old: usize) -> Option<(usize, usize)> {
+        let mut from = old.saturating_sub(s.len().saturating_sub(1));
+        // A match starts on a character boundary: round up.
+        while !self.pending.is_char_boundary(from) {
+            from += 1;
+        }
+        let at = self.pending.get(from..)?.find(s)?;
+        Some((from + at, s.len()))
     }
 
     /// The end of generation: whatever is held back is sent.
@@ -71,10 +96,20 @@ mod tests {
     use super::*;
 
     fn run(stops: &[&str], chunks: &[&str]) -> (String, bool) {
-        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
+        run_with(stops, chunks, false, 0)
+    }
+
+    /// Pushes `chunks`, the first `unchecked` without looking for stops.
+    fn run_with(
+        stops: &[&str],
+        chunks: &[&str],
+        include: bool,
+        unchecked: usize,
+    ) -> (String, bool) {
+        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect(), include);
         let mut out = String::new();
-        for c in chunks {
-            match m.push(c) {
+        for (i, c) in chunks.iter().enumerate() {
+            match m.push(c, i >= unchecked) {
                 StopOutcome::Ready(s) => out.push_str(&s),
                 StopOutcome::Stopped(s) => {
                     out.push_str(&s);
@@ -102,12 +137,43 @@ mod tests {
 
     #[test]
     fn holds_back_on_char_boundaries() {
-        let mut m = StopMatcher::new(vec!["éé".into()]);
+        let mut m = StopMatcher::new(vec!["éé".into()], false);
         // "aé" then "é": the hold of 3 bytes must not cut inside 'é'.
-        assert_eq!(m.push("aé"), StopOutcome::Ready(String::new()));
-        assert_eq!(m.push("é!"), StopOutcome::Stopped("a".into()));
-        let mut m = StopMatcher::new(vec!["zz".into()]);
-        assert_eq!(m.push("ééé"), StopOutcome::Ready("éé".into()));
+        assert_eq!(m.push("aé", true), StopOutcome::Ready(String::new()));
+        assert_eq!(m.push("é!", true), StopOutcome::Stopped("a".into()));
+        let mut m = StopMatcher::new(vec!["zz".into()], false);
+        assert_eq!(m.push("ééé", true), StopOutcome::Ready("éé".into()));
         assert_eq!(m.finish(), "é");
+    }
+
+    #[test]
+    fn included_stop_strings_stay_in_the_text() {
+        assert_eq!(
+            run_with(&["STOP"], &["ab", "cS", "TO", "Pxyz"], true, 0),
+            ("abcSTOP".into(), true)
+        );
+        assert_eq!(
+            run_with(&["b", "xyz"], &["axy", "zb"], true, 0),
+            ("axyz".into(), true)
+        );
+    }
+
+    #[test]
+    fn unchecked_text_never_ends_a_stop_string() {
+        // "e" in the first two (min_tokens) pushes does not stop; the next does.
+        assert_eq!(
+            run_with(&["e"], &["he", "ee", "xe", "e"], false, 2),
+            ("heeex".into(), true)
+        );
+        // A stop straddling the boundary ends in checked text: it counts.
+        assert_eq!(
+            run_with(&["STOP"], &["aST", "OP"], false, 1),
+            ("a".into(), true)
+        );
+        // One wholly inside unchecked text does not, even once held back.
+        assert_eq!(
+            run_with(&["xyz", "b"], &["axyzc", "d"], false, 1),
+            ("axyzcd".into(), false)
+        );
     }
 }

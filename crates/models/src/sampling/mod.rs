@@ -1,12 +1,16 @@
-//! Next-token selection for one sequence: penalties, temperature, top-k,
-//! top-p, min-p, a seeded per-request RNG, stop conditions, and logprobs.
+//! Next-token selection for one sequence: token controls (`logit_bias`,
+//! `allowed_token_ids`, `bad_words`, `min_tokens`), penalties, temperature,
+//! top-k, top-p, min-p, a seeded per-request RNG, stop conditions, and
+//! logprobs.
 //!
 //! Logprobs are those of the raw model distribution (log-softmax of the logits
 //! before penalties and temperature), with the top-k alternatives, as vLLM
 //! reports them by default.
 
 pub mod constraint;
+mod controls;
 mod kernels;
+mod params;
 mod penalties;
 mod select;
 mod token_env;
@@ -16,156 +20,14 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::error::{ModelError, Result};
 use constraint::ConstraintState;
+use controls::Controls;
 use penalties::Penalties;
 
 pub use constraint::{Constraint, Grammar, GrammarCompiler};
+pub use controls::{TokenControls, MAX_LOGIT_BIAS};
 pub use kernels::argmax;
+pub use params::{InvalidSampling, SamplingParams, MAX_ADDITIVE_PENALTY, MAX_LOGPROBS};
 pub use select::top_k_pairs;
-
-/// Most alternatives `logprobs` may ask for per token (OpenAI's limit).
-pub const MAX_LOGPROBS: usize = 20;
-
-/// Largest |presence_penalty| and |frequency_penalty| (OpenAI's range).
-pub const MAX_ADDITIVE_PENALTY: f32 = 2.0;
-
-/// Request-level sampling options (OpenAI / vLLM semantics).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// Keep the `top_k` most likely tokens; 0 or -1 disables (vLLM's
-    /// convention, so a client's -1 reaches [`SamplingParams::validate`]
-    /// unchanged).
-    pub top_k: i64,
-    /// 1 disables.
-    pub top_p: f32,
-    /// 0 disables.
-    pub min_p: f32,
-    /// Makes sampling reproducible per request; `None` draws a fresh seed.
-    pub seed: Option<u64>,
-    /// 1 disables; > 1 discourages tokens seen in the prompt or output.
-    pub repetition_penalty: f32,
-    /// Subtracted once from tokens that appeared in the output.
-    pub presence_penalty: f32,
-    /// Subtracted per occurrence in the output.
-    pub frequency_penalty: f32,
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-    pub max_tokens: usize,
-    /// Number of top alternatives to report with each token; `None` = no logprobs.
-    pub logprobs: Option<usize>,
-    /// A grammar the output must follow (structured outputs, forced tool calls).
-    pub constraint: Option<Constraint>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: None,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            max_tokens: 16,
-            logprobs: None,
-            constraint: None,
-        }
-    }
-}
-
-/// A sampling parameter with no meaning, named by its OpenAI / vLLM field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct InvalidSampling {
-    /// The request field (`temperature`, `top_k`, `presence_penalty`, ...).
-    pub field: &'static str,
-    pub message: String,
-}
-
-impl SamplingParams {
-    pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            ..Self::default()
-        }
-    }
-
-    /// The one validation of every field, each refusal naming its field:
-    /// the server calls it at the HTTP boundary (before any side effect)
-    /// and [`SequenceSampler::new`] at the engine's, so no caller of the
-    /// engine can bypass it.
-    pub fn validate(&self) -> std::result::Result<(), InvalidSampling> {
-        let bad = |field: &'static str, message: String| Err(InvalidSampling { field, message });
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad(
-                "temperature",
-                format!("temperature must be >= 0, got {}", self.temperature),
-            );
-        }
-        if self.top_k < -1 {
-            return bad(
-                "top_k",
-                format!(
-                    "top_k must be -1 or 0 (disabled) or positive, got {}",
-                    self.top_k
-                ),
-            );
-        }
-        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
-            return bad(
-                "top_p",
-                format!("top_p must be in (0, 1], got {}", self.top_p),
-            );
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad(
-                "min_p",
-                format!("min_p must be in [0, 1], got {}", self.min_p),
-            );
-        }
-        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
-            return bad(
-                "repetition_penalty",
-                format!(
-                    "repetition_penalty must be > 0, got {}",
-                    self.repetition_penalty
-                ),
-            );
-        }
-        let m = MAX_ADDITIVE_PENALTY;
-        for (field, v) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-        ] {
-            // Also refuses NaN and infinities.
-            if !(-m..=m).contains(&v) {
-                return bad(field, format!("{field} must be in [-{m}, {m}], got {v}"));
-            }
-        }
-        if self.max_tokens == 0 {
-            return bad("max_tokens", "max_tokens must be at least 1".into());
-        }
-        if let Some(k) = self.logprobs.filter(|&k| k > MAX_LOGPROBS) {
-            return bad(
-                "logprobs",
-                format!(
-                    "logprobs: at most {MAX_LOGPROBS} alternatives per token are served, got {k}"
-                ),
-            );
-        }
-        Ok(())
-    }
-
-    /// How many candidates top-k keeps; `None` when disabled.
-    pub fn top_k_limit(&self) -> Option<usize> {
-        usize::try_from(self.top_k).ok().filter(|&k| k > 0)
-    }
-}
 
 /// Why a sequence finished: the one finish reason of the stack (the
 /// sampler decides `Stop` and `Length`; the engine adds the other two).
@@ -202,6 +64,10 @@ pub struct SampleOutput {
     pub logprob: Option<f32>,
     /// Top alternatives `(token, raw logprob)`, best first.
     pub top: Vec<(u32, f32)>,
+    /// The token ends the sequence as a stop token (a stop token id, or EOS
+    /// unless `ignore_eos`): its text is not part of the output unless the
+    /// request includes stop strings in it (vLLM's detokenizer skips it).
+    pub stop_token: bool,
 }
 
 /// Sampling state of one sequence: its parameters, RNG and penalty counts.
@@ -212,6 +78,7 @@ pub struct SequenceSampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
     penalties: Option<Penalties>,
+    controls: Option<Controls>,
     constraint: Option<ConstraintState>,
     generated: usize,
 }
@@ -229,6 +96,7 @@ impl SequenceSampler {
         Ok(SequenceSampler {
             rng: ChaCha8Rng::seed_from_u64(seed),
             penalties: Penalties::new(&params, prompt),
+            controls: Controls::new(&params.controls),
             constraint: params.constraint.as_ref().map(Constraint::start),
             generated: 0,
             params,
@@ -244,12 +112,22 @@ impl SequenceSampler {
     }
 
     /// Chooses the next token from one row of logits and records it.
-    pub fn sample(&mut self, logits: &[f32]) -> Result<SampleOutput> {
+    /// `eos` are the model's EOS ids (`min_tokens` holds them back, and
+    /// they end the sequence unless `ignore_eos`). The row goes through the
+    /// token controls, then the penalties, then the grammar's mask.
+    pub fn sample(&mut self, logits: &[f32], eos: &[u32]) -> Result<SampleOutput> {
         if logits.is_empty() {
             return Err(ModelError::Sampling("empty logits".into()));
         }
         let raw = self.params.logprobs.map(|n| raw_logprobs(logits, n));
-        let mut owned = self.penalties.as_ref().map(|p| p.apply(logits));
+        let stops: [&[u32]; 2] = [&self.params.stop_token_ids, eos];
+        let mut owned = self
+            .controls
+            .as_ref()
+            .map(|c| c.apply(logits, self.generated, &stops));
+        if let Some(p) = &self.penalties {
+            p.apply(owned.get_or_insert_with(|| logits.to_vec()));
+        }
         if let Some(c) = &mut self.constraint {
             c.mask(owned.get_or_insert_with(|| logits.to_vec()))?;
         }
@@ -263,6 +141,9 @@ impl SequenceSampler {
         if let Some(p) = &mut self.penalties {
             p.record(token_id);
         }
+        if let Some(c) = &mut self.controls {
+            c.record(token_id);
+        }
         if let Some(c) = &mut self.constraint {
             c.advance(token_id)?;
         }
@@ -275,13 +156,26 @@ impl SequenceSampler {
             token_id,
             logprob,
             top,
+            stop_token: self.is_stop_token(token_id, eos),
         })
+    }
+
+    /// Whether `token`, just counted by `sample`, stops the sequence as a
+    /// stop token id or EOS: never before `min_tokens` tokens (vLLM's
+    /// `check_stop`).
+    fn is_stop_token(&self, token: u32, eos_token_ids: &[u32]) -> bool {
+        let held = self
+            .controls
+            .as_ref()
+            .is_some_and(|c| c.holds_stops(self.generated));
+        !held
+            && (self.params.stop_token_ids.contains(&token)
+                || (!self.params.ignore_eos && eos_token_ids.contains(&token)))
     }
 
     /// Whether generation stops after `token` (already counted by `sample`).
     pub fn finish_reason(&self, token: u32, eos_token_ids: &[u32]) -> Option<FinishReason> {
-        if self.params.stop_token_ids.contains(&token)
-            || (!self.params.ignore_eos && eos_token_ids.contains(&token))
+        if self.is_stop_token(token, eos_token_ids)
             || self
                 .constraint
                 .as_ref()
@@ -356,7 +250,7 @@ mod tests {
             logprobs: Some(2),
             ..SamplingParams::greedy()
         });
-        let out = s.sample(&[0.1, 2.0, 1.0, -1.0]).unwrap();
+        let out = s.sample(&[0.1, 2.0, 1.0, -1.0], &[]).unwrap();
         assert_eq!(out.token_id, 1);
         // The sampler's one-pass log-softmax agrees with the f64 reference.
         let lp = log_softmax(&[0.1, 2.0, 1.0, -1.0]);
@@ -385,7 +279,7 @@ mod tests {
         let draw = |p: &SamplingParams| {
             let mut s = sampler(p.clone());
             (0..20)
-                .map(|_| s.sample(&logits).unwrap().token_id)
+                .map(|_| s.sample(&logits, &[]).unwrap().token_id)
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(&p), draw(&p));
@@ -424,7 +318,7 @@ mod tests {
         ] {
             let mut s = sampler(SamplingParams { seed: Some(1), ..p });
             for _ in 0..200 {
-                let t = s.sample(&logits).unwrap().token_id;
+                let t = s.sample(&logits, &[]).unwrap().token_id;
                 assert!(allowed.contains(&t), "{t} not in {allowed:?}");
             }
         }
@@ -435,7 +329,7 @@ mod tests {
             ..Default::default()
         });
         let seen: HashSet<u32> = (0..2000)
-            .map(|_| s.sample(&logits).unwrap().token_id)
+            .map(|_| s.sample(&logits, &[]).unwrap().token_id)
             .collect();
         assert_eq!(seen.len(), 5);
     }
@@ -452,88 +346,22 @@ mod tests {
             &[0],
         )
         .unwrap();
-        assert_eq!(s.sample(&logits).unwrap().token_id, 1);
+        assert_eq!(s.sample(&logits, &[]).unwrap().token_id, 1);
         // Frequency penalty grows with each repetition.
         let mut s = sampler(SamplingParams {
             frequency_penalty: 0.3,
             ..SamplingParams::greedy()
         });
-        assert_eq!(s.sample(&logits).unwrap().token_id, 0); // 1.0
-        assert_eq!(s.sample(&logits).unwrap().token_id, 1); // 0.7 < 0.9
-                                                            // Presence penalty applies once.
+        assert_eq!(s.sample(&logits, &[]).unwrap().token_id, 0); // 1.0
+        assert_eq!(s.sample(&logits, &[]).unwrap().token_id, 1); // 0.7 < 0.9
+
+        // Presence penalty applies once.
         let mut s = sampler(SamplingParams {
             presence_penalty: 0.05,
             ..SamplingParams::greedy()
         });
-        assert_eq!(s.sample(&logits).unwrap().token_id, 0);
-        assert_eq!(s.sample(&logits).unwrap().token_id, 0); // 0.95 > 0.9
-    }
-
-    #[test]
-    fn validation_names_the_field_it_refuses() {
-        let d = SamplingParams::default;
-        for (p, field) in [
-            (
-                SamplingParams {
-                    temperature: f32::NAN,
-                    ..d()
-                },
-                "temperature",
-            ),
-            (SamplingParams { top_k: -2, ..d() }, "top_k"),
-            (SamplingParams { top_p: 0.0, ..d() }, "top_p"),
-            (SamplingParams { min_p: 1.5, ..d() }, "min_p"),
-            (
-                SamplingParams {
-                    repetition_penalty: 0.0,
-                    ..d()
-                },
-                "repetition_penalty",
-            ),
-            (
-                SamplingParams {
-                    presence_penalty: 2.5,
-                    ..d()
-                },
-                "presence_penalty",
-            ),
-            (
-                SamplingParams {
-                    frequency_penalty: f32::INFINITY,
-                    ..d()
-                },
-                "frequency_penalty",
-            ),
-            (
-                SamplingParams {
-                    max_tokens: 0,
-                    ..d()
-                },
-                "max_tokens",
-            ),
-            (
-                SamplingParams {
-                    logprobs: Some(MAX_LOGPROBS + 1),
-                    ..d()
-                },
-                "logprobs",
-            ),
-        ] {
-            let e = p.validate().expect_err(field);
-            assert_eq!(e.field, field, "{e}");
-            assert!(
-                e.message.starts_with(field),
-                "the message names {field}: {e}"
-            );
-            // The sampler refuses the same, with the same error.
-            assert_eq!(SequenceSampler::new(p, &[]).err(), Some(e));
-        }
-        // -1 and 0 disable top-k (vLLM), as do values past the vocabulary.
-        for (k, limit) in [(-1, None), (0, None), (5, Some(5))] {
-            let p = SamplingParams { top_k: k, ..d() };
-            assert!(p.validate().is_ok());
-            assert_eq!(p.top_k_limit(), limit);
-        }
+        assert_eq!(s.sample(&logits, &[]).unwrap().token_id, 0);
+        assert_eq!(s.sample(&logits, &[]).unwrap().token_id, 0); // 0.95 > 0.9
     }
 
     #[test]
@@ -555,11 +383,11 @@ mod tests {
             max_tokens: 2,
             ..SamplingParams::greedy()
         });
-        s.sample(&[1.0, 0.0, 0.0]).unwrap();
+        s.sample(&[1.0, 0.0, 0.0], &[]).unwrap();
         assert_eq!(s.finish_reason(0, &[1]), None);
         assert_eq!(s.finish_reason(1, &[1]), Some(FinishReason::Stop));
         assert_eq!(s.finish_reason(2, &[]), Some(FinishReason::Stop));
-        s.sample(&[1.0, 0.0, 0.0]).unwrap();
+        s.sample(&[1.0, 0.0, 0.0], &[]).unwrap();
         assert_eq!(s.finish_reason(0, &[1]), Some(FinishReason::Length));
         let ign = sampler(SamplingParams {
             ignore_eos: true,
@@ -582,5 +410,74 @@ mod tests {
             &[]
         )
         .is_err());
+    }
+
+    #[test]
+    fn min_tokens_holds_back_stop_ids_and_eos() {
+        // Token 1 is EOS, 2 a stop id: greedy would pick 1, then 2.
+        let mut s = sampler(SamplingParams {
+            stop_token_ids: vec![2],
+            controls: TokenControls {
+                min_tokens: 2,
+                ..Default::default()
+            },
+            ..SamplingParams::greedy()
+        });
+        let row = [0.0, 3.0, 2.0, 1.0];
+        let out = s.sample(&row, &[1]).unwrap();
+        assert_eq!((out.token_id, out.stop_token), (3, false));
+        assert_eq!(s.finish_reason(out.token_id, &[1]), None);
+        // Second token: still held (1 generated before it).
+        assert_eq!(s.sample(&row, &[1]).unwrap().token_id, 3);
+        // Two generated: EOS is free again and stops.
+        let out = s.sample(&row, &[1]).unwrap();
+        assert_eq!((out.token_id, out.stop_token), (1, true));
+        assert_eq!(s.finish_reason(1, &[1]), Some(FinishReason::Stop));
+        // ignore_eos: EOS is no stop token (though still masked by min_tokens).
+        let mut s = sampler(SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        });
+        let out = s.sample(&row, &[1]).unwrap();
+        assert_eq!((out.token_id, out.stop_token), (1, false));
+    }
+
+    #[test]
+    fn controls_act_before_penalties_and_keep_seeded_draws_reproducible() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.3).cos()).collect();
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: Some(11),
+            presence_penalty: 1.0,
+            controls: TokenControls {
+                allowed_token_ids: Some(vec![3, 7, 9, 20]),
+                logit_bias: vec![(9, -100.0)],
+                bad_words: vec![vec![7, 7]],
+                ..Default::default()
+            },
+            ..SamplingParams::default()
+        };
+        let run = |p: &SamplingParams| {
+            let mut s = sampler(p.clone());
+            (0..200)
+                .map(|_| s.sample(&logits, &[]).unwrap().token_id)
+                .collect::<Vec<_>>()
+        };
+        let a = run(&p);
+        assert_eq!(a, run(&p), "same seed, same tokens");
+        assert!(a.iter().all(|t| [3, 7, 20].contains(t)), "{a:?}");
+        assert!(a.windows(2).all(|w| w != [7, 7]), "bad word 7 7 drawn");
+        // +100 forces a token under greedy whatever the penalties do.
+        let mut s = sampler(SamplingParams {
+            frequency_penalty: 2.0,
+            controls: TokenControls {
+                logit_bias: vec![(42, 100.0)],
+                ..Default::default()
+            },
+            ..SamplingParams::greedy()
+        });
+        for _ in 0..10 {
+            assert_eq!(s.sample(&logits, &[]).unwrap().token_id, 42);
+        }
     }
 }

@@ -55,11 +55,10 @@ impl Penalties {
         }
     }
 
-    /// The row with the penalties applied to the seen tokens (ids beyond the
+    /// Applies the penalties to the seen tokens of `row` (ids beyond the
     /// row are ignored): repetition first (divide positive logits, multiply
     /// negative ones), then `frequency·count + presence` subtracted.
-    pub fn apply(&self, logits: &[f32]) -> Vec<f32> {
-        let mut row = logits.to_vec();
+    pub fn apply(&self, row: &mut [f32]) {
         for s in &self.seen {
             let Some(l) = row.get_mut(s.token as usize) else {
                 continue;
@@ -75,7 +74,6 @@ impl Penalties {
                 *l -= self.frequency * s.count as f32 + self.presence;
             }
         }
-        row
     }
 }
 
@@ -95,7 +93,8 @@ mod tests {
         for t in [2, 3, 2, 2] {
             pen.record(t);
         }
-        let row = pen.apply(&[1.0, 1.0, 1.0, -1.0, 1.0]);
+        let mut row = vec![1.0, 1.0, 1.0, -1.0, 1.0];
+        pen.apply(&mut row);
         // 0, 4 unseen; 1 prompt only; 2 output ×3; 3 prompt + output ×1; 99 out of range.
         assert_eq!(
             row,
@@ -108,6 +107,8 @@ mod tests {
             ..SamplingParams::default()
         };
         let pen = Penalties::new(&p, &[0]).unwrap();
-        assert_eq!(pen.apply(&[1.0, 2.0]), vec![1.0, 2.0]);
+        let mut row = vec![1.0, 2.0];
+        pen.apply(&mut row);
+        assert_eq!(row, vec![1.0, 2.0]);
     }
 }

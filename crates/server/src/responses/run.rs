@@ -95,6 +95,8 @@ pub fn prepare(
         tokens.len(),
         state.max_model_len,
     )?;
+    let vocab = state.engine.model_config().vocab_size;
+    crate::controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
     sampling.params.constraint = constraint;
     let program_ref = ProgramRef {
         program: Some(program.clone()),

@@ -13,12 +13,13 @@ use crate::app::{parse_json, SharedState};
 use crate::chat_prompt::{self, ChatInput};
 use crate::choices::{self, Choice, ChoiceStep, ResponseMeta};
 use crate::error::ApiError;
+use crate::fields::{self, Endpoint};
 use crate::generation::{Generation, Step};
 use crate::protocol::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob, UsageInfo,
 };
-use crate::{program_id, sampling, sse, structured};
+use crate::{controls, program_id, sampling, sse, structured};
 
 pub async fn handle(
     State(state): State<SharedState>,
@@ -26,6 +27,7 @@ pub async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_json(&body)?;
+    fields::check(&req.common.extra, Endpoint::Chat)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
     // Rendering and tokenizing a long conversation is CPU work: off the runtime.
@@ -55,7 +57,8 @@ pub async fn handle(
         })
         .await?
     };
-    let (prompt, output) = (prompt.tokens, prompt.output);
+    let (mut prompt, output) = (prompt.tokens, prompt.output);
+    controls::truncate(&mut prompt, &req.common, state.max_model_len)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), k) => Some(k.unwrap_or(0)),
         (_, Some(_)) => {
@@ -73,6 +76,8 @@ pub async fn handle(
         prompt.len(),
         state.max_model_len,
     )?;
+    let vocab = state.engine.model_config().vocab_size;
+    controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
     sampling.params.constraint = constraint;
     let n = choices::count(req.common.n, 1)?;
     tracing::info!(

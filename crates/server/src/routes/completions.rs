@@ -10,12 +10,13 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use crate::app::{parse_json, SharedState};
 use crate::choices::{self, ChoiceStep, ResponseMeta};
 use crate::error::ApiError;
+use crate::fields::{self, Endpoint};
 use crate::generation::{Generation, Piece, Step};
 use crate::protocol::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptSpec,
     UsageInfo,
 };
-use crate::{program_id, sampling, sse};
+use crate::{controls, program_id, sampling, sse};
 
 /// The prompts' token ids and texts: one prompt, or OpenAI's batch form (a
 /// list of strings or of token-id lists), each prompt giving `n` choices.
@@ -66,6 +67,7 @@ pub async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_json(&body)?;
+    fields::check(&req.common.extra, Endpoint::Completions)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
     // Tokenizing text prompts (or detokenizing token prompts for `echo`) is
@@ -84,14 +86,17 @@ pub async fn handle(
     let mut texts = Vec::with_capacity(prompts.len());
     let mut prompt_ids = Vec::with_capacity(prompts.len());
     let mut submit = Vec::with_capacity(prompts.len());
-    for (ids, text) in prompts {
-        let sampling = sampling::build(
+    let vocab = state.engine.model_config().vocab_size;
+    for (mut ids, text) in prompts {
+        controls::truncate(&mut ids, &req.common, state.max_model_len)?;
+        let mut sampling = sampling::build(
             &req.common,
             &state.sampling_defaults,
             req.logprobs.map(|k| (k, "logprobs")),
             ids.len(),
             state.max_model_len,
         )?;
+        controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
         tracing::info!(
             program = ?program.program,
             prompt_tokens = ids.len(),
