@@ -39,6 +39,44 @@ fn serve_default_model_end_to_end() {
     assert_eq!(status, 200);
     assert!(body.contains("vllm:generation_tokens_total{model_name=\"agentd-tiny-qwen3\"}"));
     assert!(body.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"256\"} 1"));
+    // The kernel path this CPU runs (no AGENTD_CPU_KERNELS: the fastest).
+    let best = agentd_models::cpu_kernels::KernelPath::best();
+    assert!(
+        body.contains(&format!("agentd:cpu_kernels_info{{path=\"{best}\"}} 1")),
+        "{body}"
+    );
+}
+
+/// `AGENTD_CPU_KERNELS` naming no path, or one the CPU lacks, stops `agentd
+/// serve` at start with a message that names the paths it has.
+#[test]
+fn serve_refuses_a_cpu_kernel_path_the_cpu_lacks() {
+    use agentd_models::cpu_kernels::KernelPath;
+    use std::process::Command;
+
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve-cli-cache");
+    let serve = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .args(["serve", "--port", "0"])
+            .env("XDG_CACHE_HOME", &cache)
+            .env("NO_COLOR", "1")
+            .env("AGENTD_CPU_KERNELS", value)
+            .output()
+            .expect("run agentd serve")
+    };
+    let out = serve("sse9");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"sse9\" is not a kernel path"), "{err}");
+    let lacking = KernelPath::ALL.into_iter().find(|p| !p.supported());
+    let lacking = lacking.expect("no CPU has both the x86 and the aarch64 paths");
+    let out = serve(lacking.name());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("this CPU lacks") && err.contains("portable"),
+        "{err}"
+    );
 }
 
 /// Without the `cuda` feature, `--device cuda` stops at once with a message

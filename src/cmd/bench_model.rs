@@ -68,6 +68,20 @@ struct Row {
     stock: Option<Figures>,
 }
 
+/// What `--json` prints: the rows and what they were measured on.
+#[derive(Serialize)]
+struct Report<'a> {
+    cpu: String,
+    /// The CPU kernel path ours ran on (`AGENTD_CPU_KERNELS` or detected).
+    cpu_kernels: &'static str,
+    dtype: String,
+    prompt_len: usize,
+    decode_steps: usize,
+    block_size: usize,
+    threads: usize,
+    rows: &'a [Row],
+}
+
 fn prompts(batch: usize, len: usize, vocab: usize) -> Vec<Vec<u32>> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
     (0..batch)
@@ -256,6 +270,7 @@ pub fn run(mut a: BenchModelArgs) -> Result<()> {
     if a.load_only {
         return load_only(&a);
     }
+    let kernels = super::cpu::kernel_path()?;
     let dtype = a.dtype.dtype;
     tracing::info!(model = %a.model.display(), %dtype, "loading model");
     let model = Model::load_as(&a.model, dtype)?;
@@ -300,8 +315,9 @@ pub fn run(mut a: BenchModelArgs) -> Result<()> {
         };
         rows.push(Row { batch, ours, stock });
     }
+    let cpu = agentd_models::cpu_kernels::cpu_model_name();
     println!(
-        "prompt_len={} decode_steps={} block_size={} threads={}",
+        "prompt_len={} decode_steps={} block_size={} threads={} cpu_kernels={kernels} cpu=\"{cpu}\"",
         a.prompt_len,
         a.decode_steps,
         a.block_size,
@@ -327,7 +343,17 @@ pub fn run(mut a: BenchModelArgs) -> Result<()> {
         );
     }
     if a.json {
-        println!("{}", serde_json::to_string(&rows)?);
+        let report = Report {
+            cpu,
+            cpu_kernels: kernels.name(),
+            dtype: dtype.to_string(),
+            prompt_len: a.prompt_len,
+            decode_steps: a.decode_steps,
+            block_size: a.block_size,
+            threads: rayon_threads(),
+            rows: &rows,
+        };
+        println!("{}", serde_json::to_string(&report)?);
     }
     Ok(())
 }

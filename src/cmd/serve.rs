@@ -325,6 +325,11 @@ fn start_engine(args: &ServeArgs, model_dir: &Path, cfg: EngineConfig) -> Result
 
 pub fn run(args: ServeArgs) -> Result<()> {
     args.vllm.check(&args.device)?;
+    // The CPU kernel path, checked before any download or load.
+    let cpu_kernels = match args.device.as_str() {
+        "cuda" => None,
+        _ => Some(super::cpu::kernel_path()?),
+    };
     let model = served_model(&args)?;
     let kv = super::kv_size::plan(
         &KvArgs {
@@ -371,6 +376,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.model_root = model.root.clone();
     state.sampling_defaults = defaults.params.clone();
     tracing::info!(source = %defaults.source, "default sampling: {}", defaults.summary());
+    state.cpu_kernels = cpu_kernels.map(|p| p.to_string());
     state.set_parsers(
         args.tool_call_parser.as_deref(),
         args.reasoning_parser.as_deref(),

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p agentd-models --example matmul_probe [-- 1,8,32,256]
+//! AGENTD_CPU_KERNELS=avx2 cargo run --release -p agentd-models --example matmul_probe
 //! ```
 
 use std::time::Instant;
@@ -47,6 +48,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok((w.clone(), Linear::new(w, None)?))
         })
         .collect::<Result<_, Box<dyn std::error::Error>>>()?;
+    println!(
+        "kernel path: {} (AGENTD_CPU_KERNELS)",
+        agentd_models::cpu_kernels::selected()?
+    );
     println!("    T | ours GFLOP/s | candle gemm GFLOP/s | ratio");
     for t in ts {
         let (mut ours, mut gemm, mut flop) = (0.0, 0.0, 0.0);

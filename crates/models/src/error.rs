@@ -62,6 +62,8 @@ pub enum ModelError {
     Tokenizer(String),
     #[error("sampling: {0}")]
     Sampling(String),
+    #[error("CPU kernels: {0}")]
+    CpuKernels(#[from] crate::cpu_kernels::CpuKernelsError),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
     /// A failure inside another backend's runner (e.g. the CUDA backend).

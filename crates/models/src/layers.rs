@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::loader::Weights;
-use crate::matmul::{has_avx512, matmul_xwt, WeightElem};
+use crate::matmul::{has_own_kernels, matmul_xwt, WeightElem};
 use crate::simd;
 
 /// Whether a product with `t` activation rows runs on [`matmul_xwt`] rather
@@ -18,13 +18,15 @@ use crate::simd;
 /// Why: candle's gemm runs AVX2 kernels only and does badly on few rows (the
 /// 151,936-row output projection alone took 63 ms per token; ENVIRONMENT.md).
 /// With AVX-512, `matmul_xwt` wins at every T: 1.7-1.8x gemm's GFLOP/s at
-/// T = 256..1024 (prefill) and more below (`matmul_probe` example). Without
-/// AVX-512 its row-by-row fallback only wins for a few rows.
+/// T = 256..1024 (prefill) and more below (`matmul_probe` example); the
+/// AVX2 kernels are kept at every T too (batch invariance; see
+/// crates/models/README.md for the figures). On the portable path its
+/// row-by-row loop only wins for a few rows.
 /// `AGENTD_GEMV_MAX_ROWS` overrides the cut-off (benchmarks).
 fn use_own_matmul(t: usize) -> bool {
     static V: OnceLock<usize> = OnceLock::new();
     let max = *V.get_or_init(|| {
-        let default = if has_avx512() { usize::MAX } else { 8 };
+        let default = if has_own_kernels() { usize::MAX } else { 8 };
         std::env::var("AGENTD_GEMV_MAX_ROWS")
             .ok()
             .and_then(|s| s.parse().ok())

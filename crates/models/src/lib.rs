@@ -8,6 +8,8 @@
 //!   [`glm4_moe`].
 //! - Shared blocks: [`self_attn`] (attention), [`mlp`] (SwiGLU), [`moe`] and
 //!   [`router`] (mixture of experts), [`layers`] (linear, norms, RoPE).
+//! - [`cpu_kernels`]: which vectorised kernel family (AVX-512, AVX2, NEON,
+//!   portable) runs, chosen once at start (`AGENTD_CPU_KERNELS` forces one).
 //! - [`batch`]: the flattened batch metadata; [`attention`]: the paged cache
 //!   and the CPU paged attention kernel.
 //! - [`runner`]: [`StepRunner`], a model bound to one replica's cache (what
@@ -19,6 +21,7 @@
 pub mod attention;
 pub mod batch;
 pub mod config;
+pub mod cpu_kernels;
 pub mod error;
 pub mod glm4;
 pub mod glm4_moe;
@@ -42,6 +45,7 @@ pub mod tokenizer;
 pub use attention::{KvCacheConfig, PagedKvCache};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};
 pub use config::{Family, GenerationConfig, ModelConfig, Qwen3Config, WeightDtype};
+pub use cpu_kernels::KernelPath;
 pub use error::{ModelError, Result};
 pub use loader::LoadDtype;
 pub use logits::Logits;

@@ -67,6 +67,8 @@ impl Model {
         dtype: LoadDtype,
         progress: impl FnOnce(u64) -> Option<LoadProgress>,
     ) -> Result<Self> {
+        // A CPU kernel path the CPU lacks is refused here, at start.
+        crate::cpu_kernels::selected()?;
         let cfg = ModelConfig::from_dir(dir)?;
         let device = Device::Cpu;
         let weights = Weights::from_dir(dir, &device)?.with_dtype(dtype);

@@ -1,64 +1,61 @@
-//! The few f32 vector kernels the CPU attention and the small-batch linear
-//! layers spend their time in. Rust builds for baseline x86-64 (SSE2, no FMA),
-//! so these dispatch at run time to AVX2+FMA versions when the CPU has them;
-//! the portable fallbacks are written with independent accumulators so LLVM
-//! can still vectorise them.
+//! The few f32 vector kernels the CPU attention, the norms and the portable
+//! linear layers spend their time in, on the process's [`KernelPath`]: AVX2+FMA
+//! forms on the x86 paths (AVX-512 has no wider form of these: they run on
+//! short rows or are memory-bound), plain loops with independent accumulators
+//! (which LLVM vectorises for the baseline ISA) otherwise.
+
+use crate::cpu_kernels::{self, KernelPath};
 
 /// `a · b` over the common length.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_on(cpu_kernels::path(), a, b)
+}
+
+/// [`dot`] on the given path (panics if the CPU lacks it).
+#[inline]
+pub fn dot_on(path: KernelPath, a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU supports the features `x86::dot` is compiled for.
+    if cpu_kernels::check(path).x86_avx2() {
+        // SAFETY: the CPU supports the features `x86::dot` is compiled for
+        // (the path was checked).
         return unsafe { x86::dot(a, b) };
     }
+    let _ = path;
     dot_portable(a, b)
 }
 
 /// `y += alpha * x` over the common length.
 #[inline]
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    axpy_on(cpu_kernels::path(), y, alpha, x)
+}
+
+/// [`axpy`] on the given path (panics if the CPU lacks it).
+#[inline]
+pub fn axpy_on(path: KernelPath, y: &mut [f32], alpha: f32, x: &[f32]) {
     let n = y.len().min(x.len());
     let (y, x) = (&mut y[..n], &x[..n]);
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: as in `dot`.
+    if cpu_kernels::check(path).x86_avx2() {
+        // SAFETY: as in `dot_on`.
         unsafe { x86::axpy(y, alpha, x) };
         return;
     }
+    let _ = path;
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
     }
 }
 
-/// `out[j] = xs[j*k..(j+1)*k] · w` for every row j of `xs` (k = `w.len()`):
-/// one weight row against several activation rows, loading the weights once.
+/// `out[j] = xs[j*k..(j+1)*k] · w` for every row j of `xs` (k = `w.len()`),
+/// each row summed alone in the same order (so batch-invariant): the
+/// portable matmul's inner loop.
 #[inline]
 pub fn dot_rows(xs: &[f32], w: &[f32], out: &mut [f32]) {
     let k = w.len();
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        let mut j = 0;
-        while j + 4 <= out.len() {
-            let rows = [
-                &xs[j * k..(j + 1) * k],
-                &xs[(j + 1) * k..(j + 2) * k],
-                &xs[(j + 2) * k..(j + 3) * k],
-                &xs[(j + 3) * k..(j + 4) * k],
-            ];
-            // SAFETY: as in `dot`; every row has length k.
-            let r = unsafe { x86::dot4(rows, w) };
-            out[j..j + 4].copy_from_slice(&r);
-            j += 4;
-        }
-        for (jj, o) in out.iter_mut().enumerate().skip(j) {
-            // SAFETY: as in `dot`.
-            *o = unsafe { x86::dot(&xs[jj * k..(jj + 1) * k], w) };
-        }
-        return;
-    }
     for (j, o) in out.iter_mut().enumerate() {
         *o = dot_portable(&xs[j * k..(j + 1) * k], w);
     }
@@ -80,11 +77,13 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Whether the process's path may run AVX2+FMA code (the sampler's kernels
+/// ask; true on the avx2 and avx512 paths only, so a forced `portable` path
+/// is portable throughout).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_avx2_fma() -> bool {
-    // The std macro caches the CPUID result; this is a relaxed atomic load.
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    cpu_kernels::path().x86_avx2()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -131,40 +130,6 @@ mod x86 {
         s
     }
 
-    /// Four dot products sharing the `w` loads.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; every row has `w.len()` elements.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot4(rows: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
-        let n = w.len();
-        let pw = w.as_ptr();
-        let p = [
-            rows[0].as_ptr(),
-            rows[1].as_ptr(),
-            rows[2].as_ptr(),
-            rows[3].as_ptr(),
-        ];
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 8 <= n {
-            let wv = _mm256_loadu_ps(pw.add(i));
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(p[0].add(i)), wv, acc[0]);
-            acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(p[1].add(i)), wv, acc[1]);
-            acc[2] = _mm256_fmadd_ps(_mm256_loadu_ps(p[2].add(i)), wv, acc[2]);
-            acc[3] = _mm256_fmadd_ps(_mm256_loadu_ps(p[3].add(i)), wv, acc[3]);
-            i += 8;
-        }
-        let mut out = [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])];
-        while i < n {
-            for r in 0..4 {
-                out[r] += rows[r][i] * w[i];
-            }
-            i += 1;
-        }
-        out
-    }
-
     /// # Safety
     /// The CPU must support AVX2 and FMA; `y` and `x` have equal length.
     #[target_feature(enable = "avx2,fma")]
@@ -190,29 +155,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kernels_match_scalar_for_odd_lengths() {
-        for n in [1usize, 7, 8, 9, 16, 17, 33, 128] {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-            assert!((dot(&a, &b) - want).abs() < 1e-4, "dot n={n}");
-            let mut y = b.clone();
-            axpy(&mut y, 0.5, &a);
-            for i in 0..n {
-                assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+    fn kernels_match_scalar_for_odd_lengths_on_every_path() {
+        for path in KernelPath::supported_paths() {
+            for n in [1usize, 7, 8, 9, 16, 17, 33, 128] {
+                let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+                let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+                let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+                assert!(
+                    (dot_on(path, &a, &b) - want).abs() < 1e-4,
+                    "{path} dot n={n}"
+                );
+                let mut y = b.clone();
+                axpy_on(path, &mut y, 0.5, &a);
+                for i in 0..n {
+                    assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6, "{path} axpy");
+                }
             }
-            let rows = 6;
-            let xs: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.05).sin()).collect();
-            let mut out = vec![0.0; rows];
-            dot_rows(&xs, &b, &mut out);
-            for r in 0..rows {
-                let want: f32 = xs[r * n..(r + 1) * n]
-                    .iter()
-                    .zip(&b)
-                    .map(|(x, y)| x * y)
-                    .sum();
-                assert!((out[r] - want).abs() < 1e-4, "dot_rows n={n} r={r}");
-            }
+        }
+        let (rows, n) = (6, 33);
+        let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let xs: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.05).sin()).collect();
+        let mut out = vec![0.0; rows];
+        dot_rows(&xs, &b, &mut out);
+        for r in 0..rows {
+            let want: f32 = xs[r * n..(r + 1) * n]
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| x * y)
+                .sum();
+            assert!((out[r] - want).abs() < 1e-4, "dot_rows r={r}");
         }
     }
 }

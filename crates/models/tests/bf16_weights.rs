@@ -13,15 +13,10 @@ use candle_core::{DType, Device};
 use common::*;
 use std::path::Path;
 
-fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+/// Everything below again under each other kernel path the CPU has.
+#[test]
+fn every_kernel_path() {
+    rerun_under_other_kernel_paths("every_kernel_path");
 }
 
 /// `fixture` rewritten with every tensor in `dtype`, into `out`.
@@ -69,7 +64,7 @@ fn kept_load_equals_f32_load(dtype: DType, tolerance: f32) {
             prefill_last(&kept, &prompts),
         );
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            if avx512() {
+            if vectorised_kernels() {
                 assert!(
                     x == y,
                     "{name} {dtype:?} seq {i}: kept load != f32 load of the same weights"
@@ -78,7 +73,7 @@ fn kept_load_equals_f32_load(dtype: DType, tolerance: f32) {
                 assert!(rel_err(x, y) < 1e-5, "{name} {dtype:?} seq {i}");
             }
         }
-        if avx512() {
+        if vectorised_kernels() {
             for (i, p) in prompts.iter().enumerate() {
                 let alone = prefill_last(&kept, &[p]);
                 assert!(

@@ -12,6 +12,13 @@ use common::*;
 
 const TOL: f32 = 1e-4;
 
+/// Every golden test again under each other kernel path the CPU supports
+/// (`AGENTD_CPU_KERNELS=avx2` and `portable` on an AVX-512 machine).
+#[test]
+fn golden_under_every_kernel_path() {
+    rerun_under_other_kernel_paths("golden_under_every_kernel_path");
+}
+
 #[test]
 fn prefill_logits_match_transformers() {
     for name in MODELS {
@@ -234,15 +241,18 @@ fn chunked_prefill_logits(model: &Model, ids: &[u32], chunk: usize) -> Vec<f32> 
     last.remove(0)
 }
 
-/// With the AVX-512 kernels a sequence's logits are bit-identical whether it
-/// runs alone or batched with others, and whether its prefix was computed in
-/// the same step or came from the cache: every sum has one order. Seeded
-/// sampling (`n` choices, repeats of a seeded request) relies on it.
-#[cfg(target_arch = "x86_64")]
+/// With the vectorised kernels (AVX-512, AVX2) a sequence's logits are
+/// bit-identical whether it runs alone or batched with others, and whether
+/// its prefix was computed in the same step or came from the cache: every
+/// sum has one order. Seeded sampling (`n` choices, repeats of a seeded
+/// request) relies on it.
 #[test]
-fn logits_are_batch_invariant_with_avx512() {
-    if !std::arch::is_x86_feature_detected!("avx512f") {
-        eprintln!("SKIPPED: no AVX-512 on this CPU");
+fn logits_are_batch_invariant_with_vectorised_kernels() {
+    if !vectorised_kernels() {
+        eprintln!(
+            "SKIPPED: the {} path hands prefill products to candle's gemm (not batch-invariant)",
+            agentd_models::cpu_kernels::path()
+        );
         return;
     }
     for name in MODELS {

@@ -76,6 +76,10 @@ pub struct AppState {
     pub output_format: OutputFormat,
     /// `config.json` `model_type` (empty when absent).
     model_type: String,
+    /// The CPU kernel path the model runs on ("avx512", "avx2", "neon",
+    /// "portable"), as the binary chose it; shown by `/metrics` as
+    /// `agentd:cpu_kernels_info`. `None` (the default) shows nothing.
+    pub cpu_kernels: Option<String>,
     /// Compiles structured-output grammars against the model's vocabulary
     /// (built once here: the token trie costs ~0.1 s); `None` when the
     /// tokenizer's byte spelling is unknown.
@@ -195,6 +199,7 @@ impl AppState {
             connections: ConnectionLimits::default(),
             output_format: OutputFormat::for_model_type(&model_type),
             model_type,
+            cpu_kernels: None,
             grammar,
             sampling_defaults: SamplingParams::default(),
         })

@@ -246,6 +246,18 @@ pub fn render_tools(m: &ToolMetrics, model: &str) -> String {
     out
 }
 
+/// The CPU kernel path the model runs on, as an info gauge (a string the
+/// binary hands in, so the server knows nothing of the kernels).
+pub fn render_cpu_kernels(path: &str) -> String {
+    let name = "agentd:cpu_kernels_info";
+    format!(
+        "# HELP {name} The CPU kernel path the model runs on (AGENTD_CPU_KERNELS or detected).\n\
+         # TYPE {name} gauge\n\
+         {name}{{path=\"{}\"}} 1\n",
+        escape(path)
+    )
+}
+
 fn histogram(out: &mut String, name: &str, help: &str, label: &str, h: &Histogram) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} histogram");
@@ -352,5 +364,14 @@ mod tests {
             );
         }
         assert!(text.contains("# TYPE vllm:e2e_request_latency_seconds histogram"));
+    }
+
+    #[test]
+    fn cpu_kernels_info_gauge() {
+        let text = render_cpu_kernels("avx2");
+        assert!(text
+            .lines()
+            .any(|l| l == "agentd:cpu_kernels_info{path=\"avx2\"} 1"));
+        assert!(text.contains("# TYPE agentd:cpu_kernels_info gauge"));
     }
 }

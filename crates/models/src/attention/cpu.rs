@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use super::cache::LayerKv;
 use crate::batch::BatchInput;
+use crate::cpu_kernels::{self, KernelPath};
 use crate::simd;
 
 /// Query tokens per task: long prefills split into many tasks (parallelism),
@@ -45,6 +46,8 @@ pub(super) struct Job<'a> {
     pub batch: &'a BatchInput,
     pub shape: AttentionShape,
     pub scale: f32,
+    /// The kernel path (the portable kernel's vector helpers follow it).
+    pub path: KernelPath,
 }
 
 /// One task: query tokens `lo..hi` of sequence `seq`, for the query heads
@@ -60,14 +63,18 @@ pub(super) struct Task {
 /// A task kernel: the portable [`attend_chunk`] or a vectorised one.
 pub(super) type ChunkFn = fn(&Job<'_>, Task, OutPtr);
 
-/// The fastest kernel this CPU has for head dim `d`.
-fn kernel(d: usize) -> ChunkFn {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(f) = super::avx512::select(d) {
-        return f;
-    }
+/// The kernel of `path` for head dim `d` (the portable one where the path
+/// has no vectorised form for `d`).
+fn kernel(path: KernelPath, d: usize) -> ChunkFn {
+    let f = match cpu_kernels::check(path) {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => super::avx512::select(d),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => super::avx2::select(d),
+        _ => None,
+    };
     let _ = d;
-    attend_chunk
+    f.unwrap_or(attend_chunk)
 }
 
 /// Computes attention for every new token of `batch`.
@@ -84,14 +91,28 @@ pub fn paged_attention(
     scale: f32,
     out: &mut [f32],
 ) {
+    paged_attention_on(cpu_kernels::path(), q, kv, batch, shape, scale, out)
+}
+
+/// [`paged_attention`] on the given kernel path (panics if the CPU lacks it).
+pub fn paged_attention_on(
+    path: KernelPath,
+    q: &[f32],
+    kv: &LayerKv,
+    batch: &BatchInput,
+    shape: AttentionShape,
+    scale: f32,
+    out: &mut [f32],
+) {
     let job = Job {
         q,
         kv,
         batch,
         shape,
         scale,
+        path,
     };
-    run(kernel(shape.head_dim), &job, out);
+    run(kernel(path, shape.head_dim), &job, out);
 }
 
 /// Splits `job` into tasks and runs `chunk` on each, in parallel.
@@ -133,6 +154,7 @@ fn attend_chunk(job: &Job<'_>, task: Task, out: OutPtr) {
         batch,
         shape,
         scale,
+        path,
     } = *job;
     let Task {
         seq: s,
@@ -181,7 +203,7 @@ fn attend_chunk(job: &Job<'_>, task: Task, out: OutPtr) {
                 let sc = &mut scores[..n];
                 sc.fill(0.0);
                 for (x, krow) in qv.iter().zip(kblk.chunks_exact(bs)) {
-                    simd::axpy(sc, *x, &krow[..n]);
+                    simd::axpy_on(path, sc, *x, &krow[..n]);
                 }
                 let mut bmax = f32::NEG_INFINITY;
                 for s in sc.iter_mut() {
@@ -198,7 +220,7 @@ fn attend_chunk(job: &Job<'_>, task: Task, out: OutPtr) {
                 for (j, &sc) in scores[..n].iter().enumerate() {
                     let p = (sc - new_m).exp();
                     l[r] += p;
-                    simd::axpy(arow, p, &vblk[j * d..(j + 1) * d]);
+                    simd::axpy_on(path, arow, p, &vblk[j * d..(j + 1) * d]);
                 }
                 m[r] = new_m;
             }
@@ -228,6 +250,7 @@ mod tests {
     use super::*;
     use crate::attention::cache::{KvCacheConfig, PagedKvCache};
     use crate::batch::{BatchBuilder, LogitsFor};
+    use crate::cpu_kernels::KernelPath;
 
     /// Dense reference: softmax(q k^T * scale) v over contiguous K/V.
     fn reference(
@@ -269,12 +292,73 @@ mod tests {
         out
     }
 
-    /// Both kernels (the portable one and, where the CPU has it, the
-    /// vectorised one for this head dim) against the dense reference: prefill
-    /// chunks (≥ 8 rows per task), decode (1 query, GQA groups of 1..4), keys
-    /// in chunks that straddle blocks of 3..48 tokens.
+    /// A cache holding `ctx` tokens of K/V over shuffled blocks of `bs`, and
+    /// queries for the last `qlen` of them.
+    struct Case {
+        cache: PagedKvCache,
+        batch: BatchInput,
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        sh: AttentionShape,
+    }
+
+    fn case(bs: usize, ctx: usize, qlen: usize, h: usize, kvh: usize, d: usize) -> Case {
+        let sh = AttentionShape {
+            num_heads: h,
+            num_kv_heads: kvh,
+            head_dim: d,
+            block_size: bs,
+        };
+        let nblk = ctx.div_ceil(bs);
+        let cfg = KvCacheConfig {
+            num_layers: 1,
+            num_blocks: nblk * 3 + 1,
+            block_size: bs,
+            num_kv_heads: kvh,
+            head_dim: d,
+        };
+        let mut cache = PagedKvCache::new(cfg).unwrap();
+        // Non-contiguous, descending block ids.
+        let table: Vec<u32> = (0..nblk).map(|i| (nblk * 3 - i * 3) as u32).collect();
+        let f = |i: usize, s: f32| (i as f32 * s).sin();
+        let k: Vec<f32> = (0..ctx * kvh * d).map(|i| f(i, 0.37)).collect();
+        let v: Vec<f32> = (0..ctx * kvh * d).map(|i| f(i, 0.91)).collect();
+        // The queries of the whole context; the case asks for the last qlen.
+        let q_all: Vec<f32> = (0..ctx * h * d).map(|i| f(i, 0.13)).collect();
+        let q = q_all[(ctx - qlen) * h * d..].to_vec();
+        let tokens = vec![0u32; ctx];
+        // Write the whole context (cached prefix + new) through slots.
+        let mut all = BatchBuilder::new(bs);
+        all.push(&tokens, 0, &table, LogitsFor::Last);
+        cache.write(0, &all.build().slot_mapping, &k, &v);
+        let mut b = BatchBuilder::new(bs);
+        b.push(&tokens[..qlen], ctx - qlen, &table, LogitsFor::Last);
+        let batch = b.build();
+        batch.validate(bs, cfg.num_blocks, 1 << 20, 1).unwrap();
+        Case {
+            cache,
+            batch,
+            q,
+            k,
+            v,
+            sh,
+        }
+    }
+
+    fn attend(c: &Case, path: KernelPath) -> Vec<f32> {
+        let mut out = vec![f32::NAN; c.q.len()];
+        paged_attention_on(path, &c.q, c.cache.layer(0), &c.batch, c.sh, 0.3, &mut out);
+        out
+    }
+
+    /// Every path's kernel (vectorised where the path has a form for the
+    /// head dim, else the portable one on the path's vector helpers) against
+    /// the dense reference: prefill chunks (≥ 8 rows per task), decode (1
+    /// query, GQA groups of 1..4), keys in chunks that straddle blocks of
+    /// 3..48 tokens.
     #[test]
-    fn matches_dense_attention_over_shuffled_blocks() {
+    fn matches_dense_attention_over_shuffled_blocks_on_every_path() {
         for (bs, ctx, qlen, h, kvh, d) in [
             (4usize, 9usize, 9usize, 4usize, 2usize, 8usize),
             (16, 37, 5, 4, 1, 8),
@@ -288,54 +372,44 @@ mod tests {
             (48, 130, 33, 4, 1, 128),
             (5, 41, 1, 4, 4, 128),
             (16, 33, 17, 2, 2, 48),
+            (8, 29, 3, 2, 1, 80),
+            (16, 40, 2, 2, 2, 96),
+            (16, 24, 24, 2, 1, 256),
         ] {
-            let sh = AttentionShape {
-                num_heads: h,
-                num_kv_heads: kvh,
-                head_dim: d,
-                block_size: bs,
-            };
-            let nblk = ctx.div_ceil(bs);
-            let cfg = KvCacheConfig {
-                num_layers: 1,
-                num_blocks: nblk * 3 + 1,
-                block_size: bs,
-                num_kv_heads: kvh,
-                head_dim: d,
-            };
-            let mut cache = PagedKvCache::new(cfg).unwrap();
-            // Non-contiguous, descending block ids.
-            let table: Vec<u32> = (0..nblk).map(|i| (nblk * 3 - i * 3) as u32).collect();
-            let f = |i: usize, s: f32| (i as f32 * s).sin();
-            let k: Vec<f32> = (0..ctx * kvh * d).map(|i| f(i, 0.37)).collect();
-            let v: Vec<f32> = (0..ctx * kvh * d).map(|i| f(i, 0.91)).collect();
-            let q: Vec<f32> = (0..qlen * h * d).map(|i| f(i, 0.13)).collect();
-            let tokens = vec![0u32; ctx];
-            // Write the whole context (cached prefix + new) through slots.
-            let mut all = BatchBuilder::new(bs);
-            all.push(&tokens, 0, &table, LogitsFor::Last);
-            cache.write(0, &all.build().slot_mapping, &k, &v);
-            let mut b = BatchBuilder::new(bs);
-            b.push(&tokens[..qlen], ctx - qlen, &table, LogitsFor::Last);
-            let batch = b.build();
-            batch.validate(bs, cfg.num_blocks, 1 << 20, 1).unwrap();
-            let want = reference(&q, &k, &v, ctx, qlen, sh, 0.3);
-            for (name, f) in [("portable", attend_chunk as ChunkFn), ("best", kernel(d))] {
-                let mut out = vec![f32::NAN; qlen * h * d];
-                let job = Job {
-                    q: &q,
-                    kv: cache.layer(0),
-                    batch: &batch,
-                    shape: sh,
-                    scale: 0.3,
-                };
-                run(f, &job, &mut out);
+            let c = case(bs, ctx, qlen, h, kvh, d);
+            let want = reference(&c.q, &c.k, &c.v, ctx, qlen, c.sh, 0.3);
+            for path in KernelPath::supported_paths() {
+                let out = attend(&c, path);
                 for (a, b) in out.iter().zip(&want) {
                     assert!(
                         (a - b).abs() < 1e-5,
-                        "{name} bs={bs} ctx={ctx} qlen={qlen} d={d}: {a} vs {b}"
+                        "{path} bs={bs} ctx={ctx} qlen={qlen} d={d}: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+
+    /// On every path a token's attention is the same to the bit whether it
+    /// is decoded alone or is the last row of a whole prefill (each row's
+    /// sums run in one order whatever rows share its task).
+    #[test]
+    fn decode_equals_the_prefill_row_on_every_path() {
+        for (bs, ctx, h, kvh, d) in [
+            (16usize, 70usize, 8usize, 2usize, 64usize),
+            (5, 41, 4, 4, 128),
+            (16, 33, 2, 2, 48),
+            (4, 19, 4, 2, 8),
+        ] {
+            let whole = case(bs, ctx, ctx, h, kvh, d);
+            let last = case(bs, ctx, 1, h, kvh, d);
+            for path in KernelPath::supported_paths() {
+                let all = attend(&whole, path);
+                let one = attend(&last, path);
+                assert!(
+                    one == all[(ctx - 1) * h * d..],
+                    "{path} bs={bs} ctx={ctx} d={d}: decode != last prefill row"
+                );
             }
         }
     }

@@ -22,13 +22,11 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::{ElemKind, OutPtr, WeightElem};
+use super::{transpose_blocks, ElemKind, OutPtr, WeightElem, BLOCK_ROWS};
 
 /// Weight rows per rayon task (a multiple of every MR below, so only the
 /// last task of a product has a ragged tile).
 const ROWS_PER_TASK: usize = 48;
-/// Activation rows per transposed block: 4 vectors of 16.
-const BLOCK_ROWS: usize = 64;
 
 /// `out[t, r] = x[t, :] · w[r, :]`.
 ///
@@ -37,7 +35,7 @@ const BLOCK_ROWS: usize = 64;
 /// floats; `out` holds `t * n` floats that nothing else touches meanwhile.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn matmul<W: WeightElem>(x: &[f32], t: usize, w: &[W], n: usize, k: usize, out: OutPtr) {
-    let xt = transpose_blocks(&x[..t * k], t, k);
+    let xt = transpose_blocks(&x[..t * k], t, k, 16);
     let xt = &xt;
     (0..n.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
@@ -71,25 +69,6 @@ struct Block<'a> {
     xt: &'a [f32],
     t0: usize,
     rows: usize,
-}
-
-/// `x` `[t, k]` → consecutive blocks of [`BLOCK_ROWS`] rows, each `[k, tp]`.
-/// Block b starts at `b * BLOCK_ROWS * k` (every block but the last is full).
-fn transpose_blocks(x: &[f32], t: usize, k: usize) -> Vec<f32> {
-    let mut xt = vec![0f32; t.div_ceil(16) * 16 * k];
-    let mut t0 = 0;
-    while t0 < t {
-        let tb = (t - t0).min(BLOCK_ROWS);
-        let tp = tb.div_ceil(16) * 16;
-        let dst = &mut xt[t0 * k..];
-        for (ti, row) in x[t0 * k..(t0 + tb) * k].chunks_exact(k).enumerate() {
-            for (i, v) in row.iter().enumerate() {
-                dst[i * tp + ti] = *v;
-            }
-        }
-        t0 += tb;
-    }
-    xt
 }
 
 /// A task's weight rows against one activation block, MR rows at a time.
@@ -161,21 +140,4 @@ unsafe fn broadcast<W: WeightElem>(p: *const W) -> __m512 {
         return _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16));
     }
     _mm512_set1_ps((*p).to_f32())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transposed_blocks_hold_each_row_in_its_lane() {
-        let (t, k) = (70, 3);
-        let x: Vec<f32> = (0..t * k).map(|i| i as f32).collect();
-        let xt = transpose_blocks(&x, t, k);
-        // Block 0: 64 rows, tp 64. Block 1: 6 rows, tp 16.
-        assert_eq!(xt[2 * 64 + 5], x[5 * k + 2]);
-        let b1 = &xt[64 * k..];
-        assert_eq!(b1[16 + 3], x[(64 + 3) * k + 1]);
-        assert_eq!(b1[16 + 6], 0.0, "padding lanes are zero");
-    }
 }

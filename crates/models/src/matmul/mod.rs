@@ -22,7 +22,11 @@
 //! kernel for small T summed in another order, and the repeat of a seeded
 //! request diverged (`crates/server/tests/choices.rs`).
 //!
-//! Without AVX-512 it falls back to `simd::dot_rows` (AVX2 or portable).
+//! The AVX2+FMA path (`bcast_avx2`, `small_avx2`) has the same two kernels
+//! with 8-lane vectors and the same FMA chains, so its results equal the
+//! AVX-512 ones bit for bit. The portable path sums each output alone
+//! with `simd::dot_rows` (batch-invariant too, in another order). The path is
+//! [`cpu_kernels::path`].
 //!
 //! **Stored dtype:** `W` may be f32, bf16 or f16 ([`WeightElem`]). 16-bit
 //! weights are widened as they are loaded, exactly (bf16: a 16-bit shift;
@@ -34,12 +38,17 @@
 
 use rayon::prelude::*;
 
+use crate::cpu_kernels::{self, KernelPath};
 use crate::simd;
 
 #[cfg(target_arch = "x86_64")]
 mod bcast;
 #[cfg(target_arch = "x86_64")]
+mod bcast_avx2;
+#[cfg(target_arch = "x86_64")]
 mod small;
+#[cfg(target_arch = "x86_64")]
+mod small_avx2;
 
 /// Weight rows per rayon task for the portable kernel: 32 rows of
 /// k = 1024..3072 floats (128-384 KiB) stay in L2 while every activation row
@@ -89,13 +98,40 @@ impl WeightElem for half::f16 {
     }
 }
 
+/// Activation rows per transposed block of the broadcast kernels: 4 vectors
+/// of 16 (AVX-512), 8 of 8 (AVX2).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const BLOCK_ROWS: usize = 64;
+
+/// `x` `[t, k]` → consecutive blocks of [`BLOCK_ROWS`] rows, each `[k, tp]`
+/// with `tp` the block's rows rounded up to `lanes`. Block b starts at
+/// `b * BLOCK_ROWS * k` (every block but the last is full).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn transpose_blocks(x: &[f32], t: usize, k: usize, lanes: usize) -> Vec<f32> {
+    let mut xt = vec![0f32; t.div_ceil(lanes) * lanes * k];
+    let mut t0 = 0;
+    while t0 < t {
+        let tb = (t - t0).min(BLOCK_ROWS);
+        let tp = tb.div_ceil(lanes) * lanes;
+        let dst = &mut xt[t0 * k..];
+        for (ti, row) in x[t0 * k..(t0 + tb) * k].chunks_exact(k).enumerate() {
+            for (i, v) in row.iter().enumerate() {
+                dst[i * tp + ti] = *v;
+            }
+        }
+        t0 += tb;
+    }
+    xt
+}
+
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint column ranges of `out` (see `matmul_xwt`).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// `out[t, r] = x[t, :] · w[r, :]` for `t < T`, `r < n`.
+/// `out[t, r] = x[t, :] · w[r, :]` for `t < T`, `r < n`, on the process's
+/// kernel path.
 ///
 /// Panics if the slices are shorter than the shapes say (callers pass tensors
 /// whose shapes were checked).
@@ -107,35 +143,50 @@ pub fn matmul_xwt<W: WeightElem>(
     k: usize,
     out: &mut [f32],
 ) {
+    matmul_xwt_on(cpu_kernels::path(), x, t, w, n, k, out)
+}
+
+/// [`matmul_xwt`] on the given path (panics if the CPU lacks it).
+pub fn matmul_xwt_on<W: WeightElem>(
+    path: KernelPath,
+    x: &[f32],
+    t: usize,
+    w: &[W],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+) {
     assert!(x.len() >= t * k && w.len() >= n * k && out.len() >= t * n);
     let out_ptr = OutPtr(out.as_mut_ptr());
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: AVX-512F is present; shapes were checked above.
-        unsafe {
+    match cpu_kernels::check(path) {
+        // SAFETY (every arm): the path was checked, so the CPU has the
+        // features the kernels are compiled for; shapes were checked above.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => unsafe {
             if t <= 4 {
                 small::matmul(x, t, w, n, k, out_ptr)
             } else {
                 bcast::matmul(x, t, w, n, k, out_ptr)
             }
-        };
-        return;
+        },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe {
+            if t <= 4 {
+                small_avx2::matmul(x, t, w, n, k, out_ptr)
+            } else {
+                bcast_avx2::matmul(x, t, w, n, k, out_ptr)
+            }
+        },
+        _ => row_tasks(t, n, |rows, ts| {
+            portable_block(x, w, k, n, rows, ts, out_ptr)
+        }),
     }
-    row_tasks(t, n, |rows, ts| {
-        portable_block(x, w, k, n, rows, ts, out_ptr)
-    });
 }
 
-/// Whether the AVX-512 kernels can run here.
-pub fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+/// Whether the process's path has vectorised matmul kernels (which beat
+/// candle's gemm at every T and keep rows batch-invariant).
+pub fn has_own_kernels() -> bool {
+    matches!(cpu_kernels::path(), KernelPath::Avx512 | KernelPath::Avx2)
 }
 
 /// Runs `block(rows, activation_rows)` over [`ROWS_PER_TASK`]-row tasks in
@@ -186,168 +237,4 @@ fn portable_block<W: WeightElem>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Each output row is bit-identical whatever other rows share the call:
-    /// alone (the small-T kernel), with three others (small-T) or with six
-    /// others (the broadcast kernel).
-    #[test]
-    fn rows_are_batch_invariant() {
-        if !has_avx512() {
-            // The portable fallback sums rows in groups of 4 (not invariant).
-            eprintln!("SKIPPED: no AVX-512 on this CPU");
-            return;
-        }
-        let (n, k) = (70, 45);
-        let x: Vec<f32> = (0..7 * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
-        let run = |t: usize| {
-            let mut out = vec![f32::NAN; t * n];
-            matmul_xwt(&x[..t * k], t, &w, n, k, &mut out);
-            out
-        };
-        let (all, four) = (run(7), run(4));
-        for row in 0..7 {
-            let mut alone = vec![f32::NAN; n];
-            matmul_xwt(&x[row * k..(row + 1) * k], 1, &w, n, k, &mut alone);
-            assert!(
-                alone == all[row * n..(row + 1) * n],
-                "row {row}: alone vs 7"
-            );
-            if row < 4 {
-                assert!(
-                    alone == four[row * n..(row + 1) * n],
-                    "row {row}: alone vs 4"
-                );
-            }
-        }
-    }
-
-    /// `v` rounded to a 16-bit type, and those rounded values back in f32.
-    fn rounded<W: WeightElem>(v: &[f32], round: impl Fn(f32) -> W) -> (Vec<W>, Vec<f32>) {
-        let narrow: Vec<W> = v.iter().map(|x| round(*x)).collect();
-        let wide = narrow.iter().map(|x| x.to_f32()).collect();
-        (narrow, wide)
-    }
-
-    /// 16-bit weights give bit for bit the f32 product of the same rounded
-    /// weights, for every kernel (T = 1..4 small, 5+ broadcast; k = 45 has a
-    /// ragged 13-wide tail) and the portable path, and their rows are
-    /// batch-invariant.
-    fn narrow_weights_equal_f32_of_rounded<W: WeightElem>(round: impl Fn(f32) -> W) {
-        let (n, k) = (70, 45);
-        let x: Vec<f32> = (0..9 * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        // Values spanning f16's subnormals (2^-24..2^-14) up to ~8.
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| (i as f32 * 0.11).cos() * 2f32.powi((i % 28) as i32 - 25))
-            .collect();
-        let (wn, wf) = rounded(&w, round);
-        let name = format!("{:?}", W::KIND);
-        for t in [1, 2, 4, 5, 9] {
-            let mut a = vec![f32::NAN; t * n];
-            let mut b = vec![f32::NAN; t * n];
-            matmul_xwt(&x[..t * k], t, &wn, n, k, &mut a);
-            matmul_xwt(&x[..t * k], t, &wf, n, k, &mut b);
-            assert!(a == b, "{name} t={t}: narrow vs f32 of rounded weights");
-            let mut p = vec![f32::NAN; t * n];
-            let mut q = vec![f32::NAN; t * n];
-            portable_block(&x, &wn, k, n, (0, n), (0, t), OutPtr(p.as_mut_ptr()));
-            portable_block(&x, &wf, k, n, (0, n), (0, t), OutPtr(q.as_mut_ptr()));
-            assert!(p == q, "{name} t={t}: portable narrow vs f32");
-        }
-        if has_avx512() {
-            let mut all = vec![f32::NAN; 9 * n];
-            matmul_xwt(&x, 9, &wn, n, k, &mut all);
-            for row in 0..9 {
-                let mut alone = vec![f32::NAN; n];
-                matmul_xwt(&x[row * k..(row + 1) * k], 1, &wn, n, k, &mut alone);
-                assert!(alone == all[row * n..(row + 1) * n], "{name} row {row}");
-            }
-        }
-    }
-
-    #[test]
-    fn bf16_weights_equal_f32_of_rounded_weights() {
-        narrow_weights_equal_f32_of_rounded(half::bf16::from_f32);
-    }
-
-    #[test]
-    fn f16_weights_equal_f32_of_rounded_weights() {
-        narrow_weights_equal_f32_of_rounded(half::f16::from_f32);
-    }
-
-    /// The kernels' f16 widening (vcvtph2ps with AVX-512) equals `half`'s on
-    /// every f16 value but NaNs: products with unit activations return each
-    /// weight as the kernel widened it (1 row: small kernel, 5: broadcast).
-    /// Compared as floats: `fma(-0, 1, +0)` is +0.
-    #[test]
-    fn f16_widening_is_exact_for_every_value() {
-        let w: Vec<half::f16> = (0..=u16::MAX)
-            .map(half::f16::from_bits)
-            .filter(|v| !v.is_nan())
-            .collect();
-        let n = w.len();
-        for t in [1, 5] {
-            let mut out = vec![f32::NAN; t * n];
-            matmul_xwt(&vec![1.0; t], t, &w, n, 1, &mut out);
-            for row in out.chunks(n) {
-                for (v, o) in w.iter().zip(row) {
-                    assert!(*o == v.to_f32(), "t={t} f16 {:#06x}: {o}", v.to_bits());
-                }
-            }
-        }
-    }
-
-    /// The path CPUs without AVX-512 take, checked on every machine.
-    #[test]
-    fn portable_path_matches_naive() {
-        let (t, n, k) = (5, 9, 37);
-        let x: Vec<f32> = (0..t * k).map(|i| (i as f32 * 0.3).sin()).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.7).cos()).collect();
-        let mut out = vec![f32::NAN; t * n];
-        portable_block(&x, &w, k, n, (0, n), (0, t), OutPtr(out.as_mut_ptr()));
-        for a in 0..t {
-            for b in 0..n {
-                let want: f32 = (0..k).map(|i| x[a * k + i] * w[b * k + i]).sum();
-                assert!((out[a * n + b] - want).abs() < 1e-4);
-            }
-        }
-    }
-
-    #[test]
-    fn matches_naive_for_ragged_shapes() {
-        for (t, n, k) in [
-            (1, 1, 1),
-            (1, 70, 33),
-            (3, 5, 16),
-            (5, 37, 100),
-            (70, 9, 17),
-            (4, 4, 1024),
-            (5, 13, 40),
-            (16, 49, 64),
-            (33, 50, 100),
-            (64, 97, 31),
-            (130, 61, 48),
-        ] {
-            let x: Vec<f32> = (0..t * k)
-                .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
-                .collect();
-            let mut out = vec![f32::NAN; t * n];
-            matmul_xwt(&x, t, &w, n, k, &mut out);
-            for a in 0..t {
-                for b in 0..n {
-                    let want: f32 = (0..k).map(|i| x[a * k + i] * w[b * k + i]).sum();
-                    let got = out[a * n + b];
-                    assert!(
-                        (got - want).abs() < 1e-3,
-                        "t={t} n={n} k={k} ({a},{b}): {got} vs {want}"
-                    );
-                }
-            }
-        }
-    }
-}
+mod tests;

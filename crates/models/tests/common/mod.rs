@@ -173,3 +173,52 @@ pub fn step(
 pub fn argmax(v: &[f32]) -> u32 {
     agentd_models::sampling::argmax(v) as u32
 }
+
+/// Runs this test binary again (every test but `this_test`) under each
+/// other CPU kernel path the CPU supports, forced by `AGENTD_CPU_KERNELS`,
+/// and fails if any run fails; paths the CPU lacks are skipped with a
+/// message. A no-op inside such a run (the variable is set).
+pub fn rerun_under_other_kernel_paths(this_test: &str) {
+    use agentd_models::cpu_kernels::{KernelPath, ENV};
+    if std::env::var_os(ENV).is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    for path in KernelPath::ALL {
+        if !path.supported() {
+            eprintln!("SKIPPED {path}: this CPU lacks {}", path.needs());
+            continue;
+        }
+        if path == KernelPath::best() {
+            continue; // this process runs the tests on it
+        }
+        let out = std::process::Command::new(&exe)
+            .env(ENV, path.name())
+            .args(["--skip", this_test, "--test-threads", "1"])
+            .output()
+            .expect("run the test binary again");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "tests under {ENV}={path} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Guard against a run that filtered everything out.
+        let passed = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("test result: ok. "))
+            .and_then(|r| r.split(' ').next()?.parse::<usize>().ok())
+            .unwrap_or(0);
+        assert!(passed > 0, "no test ran under {path}:\n{stdout}");
+        eprintln!("{ENV}={path}: {passed} tests passed");
+    }
+}
+
+/// Whether the process's kernel path has the vectorised matmul and
+/// attention kernels (every row batch-invariant, 16-bit weights widened in
+/// the same FMA chains). The portable path hands products of more than 8
+/// rows to candle's gemm, which sums in another order.
+pub fn vectorised_kernels() -> bool {
+    use agentd_models::cpu_kernels::{path, KernelPath};
+    matches!(path(), KernelPath::Avx2 | KernelPath::Avx512)
+}

@@ -37,6 +37,9 @@ pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
         &state.tools.registry.metrics(),
         &state.model_name,
     ));
+    if let Some(path) = &state.cpu_kernels {
+        text.push_str(&metrics::render_cpu_kernels(path));
+    }
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,

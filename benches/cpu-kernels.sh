@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# CPU kernel paths compared on one machine (issue 27): `agentd bench-model`
+# prefill and decode throughput per model shape x context x batch, once per
+# kernel path the CPU supports (AGENTD_CPU_KERNELS=avx512|avx2|neon|portable),
+# then one table with the CPU model, the path, tok/s and the avx2/avx512
+# ratio per shape. Builds release once; makes the checkpoints with
+# `agentd make-model`. Never run in CI (minutes to hours; see below).
+#
+#   benches/cpu-kernels.sh                       # the full sweep
+#   CONTEXTS="64 128" BATCHES="1 2" CARDS=models/qwen3-tiny.json \
+#     DECODE_STEPS=2 benches/cpu-kernels.sh      # a smoke run (~1 min)
+#
+# Knobs (environment): CARDS (model cards; default the GQA-1 head-dim-64 and
+# GQA-4 head-dim-128 bench shapes), CONTEXTS (prompt lengths, default
+# "512 4096 8192"), BATCHES (default "1 32"), PATHS (default: every path the
+# CPU has), DECODE_STEPS (default 16), PORTABLE_MAX_TOKENS (skip portable
+# cells whose prefill exceeds this many tokens, default 32768: the portable
+# attention runs at a few GFLOP/s, a 32x8192 prefill would take hours),
+# BASELINE=1 (also stock candle-transformers, slow at long contexts),
+# OUT (default benches/results), WORK (checkpoints, default
+# /var/tmp/agentd-cpu-kernels), BIN (a built agentd: skips the build).
+#
+# Writes $OUT/cpu-kernels-<cpu>-<paths>.{jsonl,md}: one bench-model JSON
+# report per line (each names its CPU and path) and the table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARDS=${CARDS:-models/qwen3-bench-gqa1.json models/qwen3-bench-gqa4-hd128.json}
+CONTEXTS=${CONTEXTS:-512 4096 8192}
+BATCHES=${BATCHES:-1 32}
+DECODE_STEPS=${DECODE_STEPS:-16}
+PORTABLE_MAX_TOKENS=${PORTABLE_MAX_TOKENS:-32768}
+OUT=${OUT:-benches/results}
+WORK=${WORK:-/var/tmp/agentd-cpu-kernels}
+
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --locked --bin agentd
+  BIN="${CARGO_TARGET_DIR:-target}/release/agentd"
+fi
+
+cpu=$(grep -m1 -E '^(model name|Model|CPU part)' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
+cpu=${cpu:-unknown}
+if [ -z "${PATHS:-}" ]; then
+  flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2- || true)
+  has() { [[ " $flags " == *" $1 "* ]]; }
+  PATHS=""
+  if has avx512f && has avx2 && has fma && has f16c; then PATHS="$PATHS avx512"; fi
+  if has avx2 && has fma && has f16c; then PATHS="$PATHS avx2"; fi
+  if [ "$(uname -m)" = aarch64 ]; then PATHS="$PATHS neon"; fi
+  PATHS="$PATHS portable"
+fi
+slug=$(echo "$cpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/^-//; s/-$//' | cut -c1-48)
+name="cpu-kernels-$slug-$(echo $PATHS | tr ' ' '-')"
+mkdir -p "$OUT" "$WORK"
+jsonl="$OUT/$name.jsonl"
+: > "$jsonl"
+echo "CPU: $cpu; paths: $PATHS; cards: $CARDS; contexts: $CONTEXTS; batches: $BATCHES"
+
+extra=(--no-baseline)
+[ "${BASELINE:-0}" = 1 ] && extra=()
+for card in $CARDS; do
+  shape=$(basename "$card" .json)
+  model="$WORK/$shape"
+  [ -f "$model/config.json" ] || "$BIN" make-model --config "$card" --out "$model"
+  for ctx in $CONTEXTS; do
+    for batch in $BATCHES; do
+      for path in $PATHS; do
+        if [ "$path" = portable ] && [ $((ctx * batch)) -gt "$PORTABLE_MAX_TOKENS" ]; then
+          echo "-- $shape ctx=$ctx batch=$batch $path: skipped (PORTABLE_MAX_TOKENS)"
+          continue
+        fi
+        echo "-- $shape ctx=$ctx batch=$batch $path"
+        # Blocks of 16 (the serve default); one prefill of batch x ctx tokens.
+        AGENTD_CPU_KERNELS=$path RUST_LOG=warn "$BIN" bench-model --model "$model" \
+          --batch "$batch" --prompt-len "$ctx" --decode-steps "$DECODE_STEPS" \
+          --json "${extra[@]}" | tail -n 1 |
+          python3 -c 'import json,sys; r=json.load(sys.stdin); r["shape"]=sys.argv[1]; print(json.dumps(r))' "$shape" \
+          >> "$jsonl"
+      done
+    done
+  done
+done
+
+python3 - "$jsonl" "$OUT/$name.md" <<'PY'
+import json, sys
+reports = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+cell = {}
+for r in reports:
+    for row in r["rows"]:
+        cell[(r["shape"], r["prompt_len"], row["batch"], r["cpu_kernels"])] = row["ours"]
+paths = []
+for r in reports:
+    if r["cpu_kernels"] not in paths:
+        paths.append(r["cpu_kernels"])
+cpu = reports[0]["cpu"] if reports else "?"
+threads = reports[0]["threads"] if reports else "?"
+lines = [f"# CPU kernel paths: {cpu}", "",
+         f"`agentd bench-model`, {threads} threads, block size 16, "
+         f"{reports[0]['decode_steps'] if reports else '?'} decode steps after each prefill; tok/s.", "",
+         "| shape | context | batch | " + " | ".join(f"{p} prefill | {p} decode" for p in paths)
+         + " | avx2/avx512 prefill | avx2/avx512 decode |",
+         "|---|---:|---:|" + "---:|---:|" * len(paths) + "---:|---:|"]
+keys = sorted({k[:3] for k in cell}, key=lambda k: (k[0], k[1], k[2]))
+for shape, ctx, batch in keys:
+    cells = []
+    for p in paths:
+        f = cell.get((shape, ctx, batch, p))
+        cells += [f"{f['prefill_tok_s']:.1f}", f"{f['decode_tok_s']:.2f}"] if f else ["-", "-"]
+    a, b = cell.get((shape, ctx, batch, "avx2")), cell.get((shape, ctx, batch, "avx512"))
+    ratio = [f"{a[m] / b[m]:.2f}" if a and b and b[m] else "-" for m in ("prefill_tok_s", "decode_tok_s")]
+    lines.append(f"| {shape} | {ctx} | {batch} | " + " | ".join(cells + ratio) + " |")
+text = "\n".join(lines) + "\n"
+open(sys.argv[2], "w").write(text)
+print(text)
+PY
+echo "wrote $jsonl and $OUT/$name.md"
