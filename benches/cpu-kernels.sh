@@ -21,7 +21,8 @@
 # /var/tmp/agentd-cpu-kernels), BIN (a built agentd: skips the build).
 #
 # Writes $OUT/cpu-kernels-<cpu>-<paths>.{jsonl,md}: one bench-model JSON
-# report per line (each names its CPU and path) and the table.
+# report per line (each names its CPU and path), the table and its plot (.svg)
+# from benches/lib/cpu_kernels_report.py (re-runnable on a saved .jsonl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARDS=${CARDS:-models/qwen3-bench-gqa1.json models/qwen3-bench-gqa4-hd128.json}
@@ -80,36 +81,5 @@ for card in $CARDS; do
   done
 done
 
-python3 - "$jsonl" "$OUT/$name.md" <<'PY'
-import json, sys
-reports = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-cell = {}
-for r in reports:
-    for row in r["rows"]:
-        cell[(r["shape"], r["prompt_len"], row["batch"], r["cpu_kernels"])] = row["ours"]
-paths = []
-for r in reports:
-    if r["cpu_kernels"] not in paths:
-        paths.append(r["cpu_kernels"])
-cpu = reports[0]["cpu"] if reports else "?"
-threads = reports[0]["threads"] if reports else "?"
-lines = [f"# CPU kernel paths: {cpu}", "",
-         f"`agentd bench-model`, {threads} threads, block size 16, "
-         f"{reports[0]['decode_steps'] if reports else '?'} decode steps after each prefill; tok/s.", "",
-         "| shape | context | batch | " + " | ".join(f"{p} prefill | {p} decode" for p in paths)
-         + " | avx2/avx512 prefill | avx2/avx512 decode |",
-         "|---|---:|---:|" + "---:|---:|" * len(paths) + "---:|---:|"]
-keys = sorted({k[:3] for k in cell}, key=lambda k: (k[0], k[1], k[2]))
-for shape, ctx, batch in keys:
-    cells = []
-    for p in paths:
-        f = cell.get((shape, ctx, batch, p))
-        cells += [f"{f['prefill_tok_s']:.1f}", f"{f['decode_tok_s']:.2f}"] if f else ["-", "-"]
-    a, b = cell.get((shape, ctx, batch, "avx2")), cell.get((shape, ctx, batch, "avx512"))
-    ratio = [f"{a[m] / b[m]:.2f}" if a and b and b[m] else "-" for m in ("prefill_tok_s", "decode_tok_s")]
-    lines.append(f"| {shape} | {ctx} | {batch} | " + " | ".join(cells + ratio) + " |")
-text = "\n".join(lines) + "\n"
-open(sys.argv[2], "w").write(text)
-print(text)
-PY
-echo "wrote $jsonl and $OUT/$name.md"
+python3 benches/lib/cpu_kernels_report.py "$jsonl" "$OUT/$name"
+echo "wrote $jsonl, $OUT/$name.md and $OUT/$name.svg"
