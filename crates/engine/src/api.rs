@@ -74,6 +74,10 @@ pub struct TokenEvent {
     /// The token ended the request as a stop token id or EOS (see
     /// [`agentd_models::SampleOutput::stop_token`]).
     pub stop_token: bool,
+    /// On the request's first token, when it asked for them: the prompt's
+    /// logprobs, entry `j` for prompt token `j + 1` (vLLM sends them with
+    /// the first output too).
+    pub prompt_logprobs: Option<Vec<agentd_models::PromptLogprob>>,
 }
 
 /// What a request's stream carries.

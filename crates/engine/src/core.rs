@@ -19,6 +19,7 @@ use tracing::error;
 use crate::inbox::{Released, Submitted};
 use crate::metrics::Counters;
 use crate::outbox::Outbox;
+use crate::prompt_lp::{PromptLp, PromptRows};
 use crate::{EndReason, EngineConfig, Event, FinishReason, ProgramEnded, Usage};
 
 /// State a request shares with its caller's [`crate::RequestStream`].
@@ -55,6 +56,9 @@ pub(crate) struct Req {
     pub group: Option<(GroupId, Option<usize>)>,
     /// `GenerateRequest::tool`, hashed: noted when the request finishes.
     pub tool: Option<ToolId>,
+    /// The prompt's logprobs, when the request asked for them
+    /// (`SamplingParams::prompt_logprobs`).
+    pub prompt_lp: Option<PromptLp>,
 }
 
 impl Req {
@@ -97,6 +101,9 @@ pub(crate) struct SeqPlan {
     /// The request's sampler, lent for the step when it wants logits.
     pub sampler: Option<SequenceSampler>,
     pub request: u64,
+    /// Set when this chunk computes prompt positions whose logprobs the
+    /// request wants: every new token's logits are then computed.
+    pub prompt: Option<PromptRows>,
 }
 
 impl SeqPlan {
@@ -144,6 +151,13 @@ impl Contexts for Requests<'_> {
     }
     fn group(&self, p: ProgramId) -> Option<(GroupId, Option<usize>)> {
         self.0.get(&p)?.current.as_ref()?.group
+    }
+    fn full_prefill(&self, p: ProgramId) -> bool {
+        self.0
+            .get(&p)
+            .and_then(|q| q.current.as_ref())
+            .and_then(|r| r.prompt_lp.as_ref())
+            .is_some_and(|l| !l.done)
     }
 }
 
@@ -256,6 +270,7 @@ impl Core {
         };
         let id = self.next_request;
         self.next_request += 1;
+        let prompt_lp = sub.sampler.params().prompt_logprobs.map(PromptLp::new);
         let r = Req {
             prompt_len: sub.prompt.len(),
             tokens: sub.prompt,
@@ -270,6 +285,7 @@ impl Core {
             cache_salt: sub.cache_salt,
             group: sub.group,
             tool: sub.tool,
+            prompt_lp,
         };
         let Some(prog) = self.programs.get_mut(&p) else {
             return;
@@ -401,6 +417,10 @@ impl Core {
                     None
                 },
                 request: req.id,
+                prompt: req
+                    .prompt_lp
+                    .as_ref()
+                    .and_then(|lp| lp.rows(&req.tokens, req.prompt_len, from, to)),
             });
         }
         self.in_flight[r] = plan.iter().map(|s| s.program).collect();
@@ -459,6 +479,9 @@ impl Core {
             if s.sampler.is_some() {
                 req.sampler = s.sampler;
             }
+            if let (Some(rows), Some(lp)) = (s.prompt, req.prompt_lp.as_mut()) {
+                lp.absorb(rows, s.num_cached, s.new_tokens.len(), req.prompt_len);
+            }
             let Some(out) = out else { continue };
             let Some(output) = out.output else {
                 self.finish(p, out.finish.unwrap_or(FinishReason::Error));
@@ -466,7 +489,12 @@ impl Core {
             };
             req.tokens.push(output.token_id);
             self.counters.generation_tokens += 1;
+            let mut prompt_logprobs = None;
             if req.first_token.is_none() {
+                prompt_logprobs = req
+                    .prompt_lp
+                    .as_mut()
+                    .map(|lp| std::mem::take(&mut lp.entries));
                 let now = Instant::now();
                 req.first_token = Some(now);
                 self.counters
@@ -485,6 +513,7 @@ impl Core {
                     logprob: output.logprob,
                     top: output.top,
                     stop_token: output.stop_token,
+                    prompt_logprobs,
                 }),
             );
             if let Some(f) = out.finish {

@@ -24,6 +24,7 @@ mod kv_events;
 mod lifecycle;
 mod metrics;
 mod outbox;
+mod prompt_lp;
 mod worker;
 
 pub use api::{

@@ -57,6 +57,7 @@ mod tests {
             logprob: None,
             top: Vec::new(),
             stop_token: false,
+            prompt_logprobs: None,
         })
     }
 

@@ -6,6 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agentd_kv::BlockCopy;
+use agentd_models::sampling::prompt_logprob;
 use agentd_models::{BatchBuilder, Logits, LogitsFor, StepRunner};
 use rayon::prelude::*;
 use tracing::{error, info, warn};
@@ -14,6 +15,7 @@ use crate::board::{Board, Snapshot};
 use crate::core::{Core, Sampled, SeqPlan};
 use crate::inbox::Inbox;
 use crate::outbox::Outbox;
+use crate::prompt_lp::PromptRows;
 use crate::FinishReason;
 
 /// A held engine lock. Each acquisition is one numbered critical section
@@ -355,12 +357,15 @@ fn next_plan(
     }
 }
 
-/// Runs the model on the planned batch; one logits row per sequence that
-/// asked for one, in plan order.
+/// Runs the model on the planned batch, in plan order: one logits row per
+/// sequence that samples, or one per new token for a chunk that scores
+/// prompt positions ([`SeqPlan::prompt`]).
 fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_models::Result<Logits> {
     let mut b = BatchBuilder::new(runner.block_size());
     for s in plan {
-        let logits = if s.wants_logits() {
+        let logits = if s.prompt.is_some() {
+            LogitsFor::All
+        } else if s.wants_logits() {
             LogitsFor::Last
         } else {
             LogitsFor::None
@@ -374,20 +379,28 @@ fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_models::Resu
 /// place from the runner's output) with its own sampler, outside the engine
 /// lock, in parallel across sequences on the replica's pool (each sampler
 /// owns its RNG, so the result does not depend on the split). The result is
-/// aligned with `plan`: `None` where no logits were asked for.
+/// aligned with `plan`: `None` where no logits were asked for. A chunk that
+/// scores prompt positions gets its entries in [`SeqPlan::prompt`]; its
+/// last row samples when it ends the context.
 fn sample(
     plan: &mut [SeqPlan],
     logits: &Logits,
     eos: &[u32],
     pool: Option<&rayon::ThreadPool>,
 ) -> agentd_models::Result<Vec<Option<Sampled>>> {
-    let vocab = logits.vocab();
+    let vocab = logits.vocab().max(1);
     logits.with_flat(|flat| {
         let mut outs: Vec<Option<Sampled>> = plan.iter().map(|_| None).collect();
-        let mut rows = flat.chunks_exact(vocab.max(1));
+        let mut rows = flat.chunks_exact(vocab);
         let mut jobs: Vec<Job<'_>> = Vec::with_capacity(plan.len());
         for (s, out) in plan.iter_mut().zip(outs.iter_mut()) {
-            if let Some(sampler) = s.sampler.as_mut() {
+            if let Some(p) = s.prompt.as_mut() {
+                let chunk: Vec<&[f32]> = rows.by_ref().take(s.new_tokens.len()).collect();
+                score_prompt(p, &chunk, pool);
+                if let Some(sampler) = s.sampler.as_mut() {
+                    jobs.push((sampler, chunk.last().copied().unwrap_or(&[]), out));
+                }
+            } else if let Some(sampler) = s.sampler.as_mut() {
                 let row = rows.next().unwrap_or(&[]);
                 jobs.push((sampler, row, out));
             }
@@ -402,6 +415,25 @@ fn sample(
         }
         outs
     })
+}
+
+/// The prompt logprobs of one chunk's rows (row `i` scores `targets[i]`),
+/// on the pool when there is one: each row is four passes over the
+/// vocabulary (max, exp-sum, top-k, rank), and a chunk has up to
+/// `max_num_batched_tokens` of them.
+fn score_prompt(p: &mut PromptRows, chunk: &[&[f32]], pool: Option<&rayon::ThreadPool>) {
+    let k = p.k;
+    let score = |(row, &t): (&&[f32], &u32)| prompt_logprob(row, t, k);
+    p.out = match pool {
+        Some(pool) if p.targets.len() > 1 => pool.install(|| {
+            chunk
+                .par_iter()
+                .zip(p.targets.par_iter())
+                .map(score)
+                .collect()
+        }),
+        _ => chunk.iter().zip(&p.targets).map(score).collect(),
+    };
 }
 
 type Job<'a> = (

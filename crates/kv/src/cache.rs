@@ -194,6 +194,20 @@ impl KvCache {
         }
     }
 
+    /// Starts `p`'s context from its first token: drops whatever of it
+    /// `p` holds (full blocks stay cached for others) and matches nothing,
+    /// neither its own blocks nor the prefix cache, counting no query.
+    /// vLLM skips reading the prefix cache for a request that wants
+    /// `prompt_logprobs`: each prompt position's logits must be computed.
+    pub fn match_nothing(&mut self, p: ProgramId, salt: u64) -> PrefixMatch {
+        self.release(p);
+        let mut kv = self.take(p);
+        kv.salt = self.salt ^ salt;
+        trace!(program = %p, "prefix match skipped: full prefill");
+        self.programs.insert(p, kv);
+        PrefixMatch::default()
+    }
+
     /// In-batch prefix sharing: extends `p`'s computed prefix with blocks of
     /// its context cached since it was matched. Programs admitted in one
     /// step with the same prompt (a rollout group, `n` choices, a burst on

@@ -52,6 +52,7 @@ pub use logits::Logits;
 pub use model::{Model, Qwen3Model};
 pub use runner::{CpuRunner, StepRunner};
 pub use sampling::{
-    FinishReason, InvalidSampling, SampleOutput, SamplingParams, SequenceSampler, TokenControls,
+    FinishReason, InvalidSampling, PromptLogprob, SampleOutput, SamplingParams, SequenceSampler,
+    TokenControls,
 };
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

@@ -48,6 +48,13 @@ pub trait Contexts {
     fn group(&self, _p: ProgramId) -> Option<(GroupId, Option<usize>)> {
         None
     }
+    /// `p`'s current request computes its context from the first token,
+    /// reusing no KV (its own or the prefix cache's): vLLM's rule for a
+    /// request with `prompt_logprobs`, whose every prompt position needs
+    /// its logits. Once its prompt is computed a restore matches as usual.
+    fn full_prefill(&self, _p: ProgramId) -> bool {
+        false
+    }
 }
 
 /// A program (re)started on a replica, with what of its context was cached.
@@ -238,7 +245,11 @@ impl<P: Policy> ReplicaSet<P> {
             }
         }
         let tokens = ctx.context(p)?;
-        let matched = self.kv[r].match_prefix_salted(p, tokens, ctx.cache_salt(p));
+        let matched = if ctx.full_prefill(p) {
+            self.kv[r].match_nothing(p, ctx.cache_salt(p))
+        } else {
+            self.kv[r].match_prefix_salted(p, tokens, ctx.cache_salt(p))
+        };
         // Computed before (this request or an earlier turn) and lost since;
         // capped by this context, whose last token is always computed.
         let ever = self.ever_computed.get(&p).copied().unwrap_or(0);
@@ -335,7 +346,7 @@ impl<P: Policy> ReplicaSet<P> {
                 continue;
             };
             let len = tokens.len();
-            if prefill {
+            if prefill && !ctx.full_prefill(p) {
                 // What a program planned earlier computed in a past step
                 // (the block it waited on) is cached now: take it.
                 self.kv[r].extend_match(p, tokens);

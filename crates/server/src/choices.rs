@@ -120,6 +120,12 @@ pub fn submit(
             let mut params = sampling.params.clone();
             // Distinct but reproducible streams for the choices of a seeded request.
             params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
+            // The prompt's logprobs are the same for every choice of it:
+            // the first computes them (without prefix-cache hits), the
+            // others reuse its blocks.
+            if j > 0 {
+                params.prompt_logprobs = None;
+            }
             let stream = state.engine.submit(GenerateRequest {
                 program: if first { program.program.clone() } else { None },
                 prompt: prompt.clone(),

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use agentd_engine::{Event, FinishReason, RequestStream, TokenEvent};
-use agentd_models::{IncrementalDecoder, Tokenizer};
+use agentd_models::{IncrementalDecoder, PromptLogprob, Tokenizer};
 
 use crate::error::ApiError;
 use crate::protocol::{TokenLogprob, TopLogprob, UsageInfo};
@@ -59,6 +59,8 @@ pub struct Generation {
     pending: VecDeque<(usize, TokenLogprob)>,
     /// Generated token ids not yet handed out.
     pending_ids: Vec<u32>,
+    /// The prompt's logprobs (they come with the first token).
+    prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 impl Generation {
@@ -86,7 +88,13 @@ impl Generation {
             emitted: 0,
             pending: VecDeque::new(),
             pending_ids: Vec::new(),
+            prompt_logprobs: None,
         }
+    }
+
+    /// The prompt's logprobs, once the first token brought them.
+    pub fn take_prompt_logprobs(&mut self) -> Option<Vec<PromptLogprob>> {
+        self.prompt_logprobs.take()
     }
 
     /// The next settled piece; `None` after [`Step::Finished`].
@@ -153,8 +161,11 @@ impl Generation {
         }
     }
 
-    fn on_token(&mut self, t: TokenEvent) -> Result<Option<Step>, ApiError> {
+    fn on_token(&mut self, mut t: TokenEvent) -> Result<Option<Step>, ApiError> {
         self.completion_tokens += 1;
+        if let Some(p) = t.prompt_logprobs.take() {
+            self.prompt_logprobs = Some(p);
+        }
         self.pending_ids.push(t.token_id);
         if self.logprobs {
             let lp = self.token_logprob(&t)?;
@@ -252,6 +263,8 @@ pub struct Collected {
     pub token_ids: Vec<u32>,
     pub reason: &'static str,
     pub usage: UsageInfo,
+    /// The prompt's logprobs, when the request asked for them.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 /// Runs `gen` to the end. If the client disconnects meanwhile, axum drops
@@ -281,6 +294,7 @@ pub async fn collect(mut gen: Generation) -> Result<Collected, ApiError> {
                     token_ids,
                     reason,
                     usage,
+                    prompt_logprobs: gen.take_prompt_logprobs(),
                 });
             }
             None => {

@@ -38,6 +38,7 @@ pub mod listener;
 pub mod metrics;
 pub mod offload;
 pub mod program_id;
+pub mod prompt_logprobs;
 pub mod protocol;
 pub mod responses;
 pub mod routes;

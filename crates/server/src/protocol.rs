@@ -97,6 +97,9 @@ pub struct CommonParams {
     pub truncate_prompt_tokens: Option<i64>,
     /// The matched stop string (or stop token's text) stays in the output.
     pub include_stop_str_in_output: Option<bool>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt position (see
+    /// [`crate::prompt_logprobs`]).
+    pub prompt_logprobs: Option<i64>,
     /// vLLM's `cache_salt`: only requests with the same salt (of the same
     /// tenant) share prefix-cache blocks. A non-empty string.
     pub cache_salt: Option<String>,
@@ -267,6 +270,9 @@ pub struct ChatCompletionResponse {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: UsageInfo,
+    /// vLLM's `prompt_logprobs`, when asked for (the prompt's, once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<crate::prompt_logprobs::Rendered>,
 }
 
 /// `delta` of a chat stream chunk: the role on the first chunk, then the
@@ -313,6 +319,9 @@ pub struct CompletionChoice {
     /// With `return_token_ids`: the ids generated in this response or chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<Vec<u32>>,
+    /// vLLM's `prompt_logprobs` of the choice's prompt, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<crate::prompt_logprobs::Rendered>,
 }
 
 /// A text completion, whole or as one stream chunk (same object, as OpenAI).

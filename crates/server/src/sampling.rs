@@ -72,6 +72,7 @@ pub fn build(
         ignore_eos: c.ignore_eos.unwrap_or(false),
         max_tokens,
         logprobs: logprobs.map(|(k, _)| k as usize),
+        prompt_logprobs: crate::prompt_logprobs::requested(c)?,
         // Set by the route from `response_format` / `tool_choice`.
         constraint: None,
         // Set by `controls::apply`.

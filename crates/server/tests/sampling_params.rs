@@ -288,7 +288,7 @@ fn include_stop_str_in_output_streamed_and_not() {
 #[test]
 fn defined_but_unimplemented_fields_are_refused_by_name() {
     for (field, value) in [
-        ("prompt_logprobs", json!(1)),
+        ("logits_processors", json!(["x"])),
         ("best_of", json!(2)),
         ("use_beam_search", json!(true)),
         ("guided_json", json!({"type": "object"})),
@@ -306,8 +306,8 @@ fn defined_but_unimplemented_fields_are_refused_by_name() {
     for (field, value) in [
         ("audio", json!({"voice": "x"})),
         ("echo", json!(true)),
-        ("parallel_tool_calls", json!(false)),
-        ("prompt_logprobs", json!(0)),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("reasoning_effort", json!("high")),
     ] {
         assert_refused(&chat(json!({field: value})), field);
     }

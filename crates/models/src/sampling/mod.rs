@@ -12,6 +12,7 @@ mod controls;
 mod kernels;
 mod params;
 mod penalties;
+mod prompt;
 mod select;
 mod token_env;
 
@@ -27,6 +28,7 @@ pub use constraint::{Constraint, Grammar, GrammarCompiler};
 pub use controls::{TokenControls, MAX_LOGIT_BIAS};
 pub use kernels::argmax;
 pub use params::{InvalidSampling, SamplingParams, MAX_ADDITIVE_PENALTY, MAX_LOGPROBS};
+pub use prompt::{prompt_logprob, PromptLogprob};
 pub use select::top_k_pairs;
 
 /// Why a sequence finished: the one finish reason of the stack (the

@@ -35,6 +35,10 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Number of top alternatives to report with each token; `None` = no logprobs.
     pub logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs`: each prompt token's logprob and rank with
+    /// this many alternatives; `None` = none. The engine computes the whole
+    /// prompt for it (no prefix-cache hit: every position's logits count).
+    pub prompt_logprobs: Option<usize>,
     /// A grammar the output must follow (structured outputs, forced tool calls).
     pub constraint: Option<Constraint>,
     /// `logit_bias`, `allowed_token_ids`, `bad_words`, `min_tokens`.
@@ -56,6 +60,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             max_tokens: 16,
             logprobs: None,
+            prompt_logprobs: None,
             constraint: None,
             controls: TokenControls::default(),
         }
@@ -139,6 +144,15 @@ impl SamplingParams {
                 "logprobs",
                 format!(
                     "logprobs: at most {MAX_LOGPROBS} alternatives per token are served, got {k}"
+                ),
+            );
+        }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return bad(
+                "prompt_logprobs",
+                format!(
+                    "prompt_logprobs: at most {MAX_LOGPROBS} alternatives per token are served, \
+                     got {k}"
                 ),
             );
         }

@@ -83,6 +83,13 @@ pub fn prepare(
         None if prev.is_none() => return Err(ApiError::invalid("input", "input is required")),
         None => {}
     }
+    if req.common.prompt_logprobs.take().is_some() {
+        // vLLM's ResponsesRequest does not define it: ignored, as there.
+        tracing::info!(
+            field = "prompt_logprobs",
+            "request field ignored: no API defines it here"
+        );
+    }
     let (prompt, tokens, constraint) = render(state, &req, &history, prev.as_ref())?;
     if let Some(m) = req.max_output_tokens {
         req.common.max_tokens = Some(m);

@@ -19,7 +19,7 @@ use crate::protocol::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob, UsageInfo,
 };
-use crate::{controls, program_id, sampling, sse, structured};
+use crate::{controls, program_id, prompt_logprobs, sampling, sse, structured};
 
 pub async fn handle(
     State(state): State<SharedState>,
@@ -108,7 +108,11 @@ pub async fn handle(
             tool_note,
         ));
     }
-    let done = choices::collect_all(choices).await?;
+    let mut done = choices::collect_all(choices).await?;
+    let prompt_logprobs = prompt_logprobs::per_prompt(&state, &mut done, n)
+        .await?
+        .pop()
+        .flatten();
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {
@@ -139,6 +143,7 @@ pub async fn handle(
         model: meta.model,
         choices: out,
         usage: choices::merge_usage(&usages),
+        prompt_logprobs,
     };
     Ok(Json(response).into_response())
 }

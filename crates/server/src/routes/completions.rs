@@ -16,7 +16,7 @@ use crate::protocol::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptSpec,
     UsageInfo,
 };
-use crate::{controls, program_id, sampling, sse};
+use crate::{controls, program_id, prompt_logprobs, sampling, sse};
 
 /// The prompts' token ids and texts: one prompt, or OpenAI's batch form (a
 /// list of strings or of token-id lists), each prompt giving `n` choices.
@@ -150,7 +150,8 @@ pub async fn handle(
             include_usage,
         )));
     }
-    let done = choices::collect_all(choices).await?;
+    let mut done = choices::collect_all(choices).await?;
+    let prompt_logprobs = prompt_logprobs::per_prompt(&state, &mut done, n).await?;
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {
@@ -169,6 +170,7 @@ pub async fn handle(
             finish_reason: Some(d.reason),
             prompt_token_ids: ids_of(index),
             token_ids: req.return_token_ids.then_some(d.token_ids),
+            prompt_logprobs: prompt_logprobs.get(index / n).cloned().flatten(),
         });
     }
     Ok(Json(CompletionResponse {
@@ -237,6 +239,7 @@ impl CompletionStream {
                 finish_reason: finish,
                 prompt_token_ids,
                 token_ids,
+                prompt_logprobs: None,
             }],
             usage: self.include_usage.then_some(None),
         })
