@@ -253,3 +253,58 @@ fn bad_inputs_fail_cleanly() {
     );
     let _ = Path::new(p);
 }
+
+/// `--generation-config` on `generate`, as on `serve`: the sampling flags
+/// left unset take the model's generation_config.json (`auto`), a flag
+/// given wins, and `vllm` (or a model that sets none) leaves greedy.
+#[test]
+fn generate_takes_the_generation_config_defaults() {
+    let d = tempfile::tempdir().unwrap();
+    let src = repo().join("tests/fixtures/golden/gqa4-tied");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), d.path().join(f)).unwrap();
+    }
+    std::fs::write(
+        d.path().join("generation_config.json"),
+        r#"{"temperature": 1.5, "top_k": 5, "eos_token_id": 2}"#,
+    )
+    .unwrap();
+    let model = d.path().to_str().unwrap();
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "5,9,17,33",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--seed",
+            "11",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_of(&agentd(&args))["token_ids"].clone()
+    };
+    let greedy = gen(&["--generation-config", "vllm"]);
+    let from_model = gen(&[]);
+    assert_ne!(
+        from_model, greedy,
+        "the model's temperature 1.5 / top_k 5 sample"
+    );
+    // The same sampling spelled as flags: the same tokens.
+    let spelled = gen(&[
+        "--generation-config",
+        "vllm",
+        "--temperature",
+        "1.5",
+        "--top-k",
+        "5",
+    ]);
+    assert_eq!(from_model, spelled);
+    // A flag given wins over the model's default.
+    assert_eq!(gen(&["--temperature", "0"]), greedy);
+    // A directory: its generation_config.json.
+    assert_eq!(gen(&["--generation-config", model]), from_model);
+}

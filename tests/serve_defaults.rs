@@ -1,10 +1,10 @@
 //! What `agentd serve` takes from the model and the machine, as vLLM does:
 //! the model's `generation_config.json` sets the default sampling
 //! (`--generation-config auto`; `vllm` is neutral; a request's own value
-//! wins) and its `eos_token_id` ends generation; the CPU KV cache is sized
-//! from `VLLM_CPU_KVCACHE_SPACE` (logged as vLLM logs it) and refused with
-//! the fix named when it cannot hold one window; common vLLM flags get a
-//! one-line answer.
+//! wins; `/v1/models` lists them) and its `eos_token_id` ends generation;
+//! the CPU KV cache is sized from `VLLM_CPU_KVCACHE_SPACE` (logged as vLLM
+//! logs it) and refused with the fix named when it cannot hold one window;
+//! common vLLM flags get a one-line answer.
 
 mod common;
 
@@ -78,6 +78,20 @@ fn generation_config_sets_the_default_sampling() {
         "{logs:#?}"
     );
     let (_neutral, neutral, _) = serve(dir.path(), &["--generation-config", "vllm"]);
+    // /v1/models lists the defaults a request gets.
+    let listed = |addr: &str| {
+        let (status, text) = http(addr, "GET", "/v1/models", None);
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["data"][0]["sampling_defaults"].clone()
+    };
+    assert_eq!(
+        listed(&auto),
+        json!({"temperature": 0.9, "top_p": 1.0, "top_k": 1, "min_p": 0.0,
+               "repetition_penalty": 1.0})
+    );
+    assert_eq!(listed(&neutral)["temperature"], 1.0);
+    assert_eq!(listed(&neutral)["top_k"], 0);
 
     let greedy = complete(&auto, json!({"temperature": 0, "ignore_eos": true})).0;
     let seeded = json!({"seed": 7, "ignore_eos": true});

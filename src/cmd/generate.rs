@@ -34,20 +34,23 @@ pub struct GenerateArgs {
     pub prompt_ids: Option<Vec<u32>>,
     #[arg(long, default_value_t = 16)]
     pub max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// 0 or -1 = disabled.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub top_k: i64,
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    /// 0 = greedy. Unset: the generation config's, else 0.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Unset: the generation config's, else 1.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// 0 or -1 = disabled. Unset: the generation config's, else 0.
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_k: Option<i64>,
+    /// Unset: the generation config's, else 0.
+    #[arg(long)]
+    pub min_p: Option<f32>,
     #[arg(long)]
     pub seed: Option<u64>,
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
+    /// Unset: the generation config's, else 1.
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 0.0)]
     pub presence_penalty: f32,
     #[arg(long, default_value_t = 0.0)]
@@ -69,6 +72,13 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// The defaults of the sampling flags left unset, as `serve`'s flag:
+    /// `auto` takes temperature, top_p, top_k, min_p and
+    /// repetition_penalty from the model's generation_config.json, a
+    /// directory that directory's; `vllm`, or a model that sets none,
+    /// leaves this command's own (greedy).
+    #[arg(long, default_value = "auto")]
+    pub generation_config: String,
     #[command(flatten)]
     pub dtype: super::dtype::DtypeArg,
 }
@@ -88,6 +98,33 @@ struct Output {
     prompt_tokens: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// The sampling of this run: each flag given, else the generation
+/// config's default (`--generation-config`), else greedy.
+fn sampling(args: &GenerateArgs, dir: &std::path::Path) -> Result<SamplingParams> {
+    let d = super::generation::defaults(&args.generation_config, dir)?;
+    let base = if d.set_by_model {
+        tracing::info!(source = %d.source, "default sampling: {}", d.summary());
+        d.params
+    } else {
+        SamplingParams::greedy()
+    };
+    Ok(SamplingParams {
+        temperature: args.temperature.unwrap_or(base.temperature),
+        top_k: args.top_k.unwrap_or(base.top_k),
+        top_p: args.top_p.unwrap_or(base.top_p),
+        min_p: args.min_p.unwrap_or(base.min_p),
+        seed: args.seed,
+        repetition_penalty: args.repetition_penalty.unwrap_or(base.repetition_penalty),
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        stop_token_ids: args.stop_token_ids.clone(),
+        ignore_eos: args.ignore_eos,
+        max_tokens: args.max_tokens,
+        logprobs: args.top_logprobs,
+        ..SamplingParams::default()
+    })
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
@@ -128,22 +165,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        seed: args.seed,
-        repetition_penalty: args.repetition_penalty,
-        presence_penalty: args.presence_penalty,
-        frequency_penalty: args.frequency_penalty,
-        stop_token_ids: args.stop_token_ids.clone(),
-        ignore_eos: args.ignore_eos,
-        max_tokens: args.max_tokens,
-        logprobs: args.top_logprobs,
-        constraint: None,
-        controls: Default::default(),
-    };
+    let params = sampling(&args, &dir)?;
     let mut sampler = SequenceSampler::new(params, &prompt)?;
 
     // Enough blocks for the whole context; ids simply 0..n.

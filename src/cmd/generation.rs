@@ -13,6 +13,8 @@ use anyhow::{bail, Result};
 pub struct Defaults {
     pub params: SamplingParams,
     pub source: String,
+    /// The params come from a generation_config.json (not the neutral ones).
+    pub set_by_model: bool,
 }
 
 impl Defaults {
@@ -40,6 +42,7 @@ pub fn defaults(flag: &str, model_dir: &Path) -> Result<Defaults> {
             return Ok(Defaults {
                 params: neutral,
                 source: "--generation-config vllm (neutral)".into(),
+                set_by_model: false,
             })
         }
         "auto" => (GenerationConfig::from_dir(model_dir), model_dir),
@@ -55,6 +58,7 @@ pub fn defaults(flag: &str, model_dir: &Path) -> Result<Defaults> {
         return Ok(Defaults {
             params: neutral,
             source: "neutral (the model sets no sampling defaults)".into(),
+            set_by_model: false,
         });
     };
     let params = SamplingParams {
@@ -79,5 +83,6 @@ pub fn defaults(flag: &str, model_dir: &Path) -> Result<Defaults> {
     Ok(Defaults {
         params,
         source: format!("{}/generation_config.json", from.display()),
+        set_by_model: true,
     })
 }

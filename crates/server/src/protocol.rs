@@ -344,6 +344,33 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     pub root: String,
     pub max_model_len: usize,
+    /// What a request that leaves these fields unset samples with: the
+    /// model's generation_config.json (`--generation-config auto`) or the
+    /// neutral defaults.
+    pub sampling_defaults: SamplingDefaults,
+}
+
+/// The default sampling fields vLLM takes from `generation_config.json`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0: no top-k cut.
+    pub top_k: i64,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+}
+
+impl From<&agentd_models::SamplingParams> for SamplingDefaults {
+    fn from(p: &agentd_models::SamplingParams) -> Self {
+        SamplingDefaults {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -25,6 +25,7 @@ pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
             owned_by: "agentd",
             root: state.model_root.clone(),
             max_model_len: state.max_model_len,
+            sampling_defaults: (&state.sampling_defaults).into(),
         }],
     })
 }
