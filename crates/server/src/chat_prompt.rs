@@ -1,7 +1,9 @@
 //! Messages + tools → prompt tokens and how to read the output: the one
 //! chat-template path shared by `/v1/chat/completions` and `/v1/responses`.
 
-use agentd_chat::{ChatMessage, OutputOptions, ReasoningMode, RenderOptions, ToolSchemas};
+use agentd_chat::{
+    ChatDelta, ChatMessage, OutputOptions, ReasoningMode, RenderOptions, ToolSchemas,
+};
 use serde_json::{Map, Value as Json};
 
 use crate::app::AppState;
@@ -19,6 +21,9 @@ pub struct ChatInput<'a> {
     pub chat_template_kwargs: Map<String, Json>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: bool,
+    /// Tokenize with the tokenizer's special tokens (vLLM's
+    /// `add_special_tokens`; the template usually writes them itself).
+    pub add_special_tokens: bool,
 }
 
 /// The rendered prompt and the parsing rules of its output.
@@ -29,10 +34,22 @@ pub struct ChatPrompt {
     pub output: OutputOptions,
 }
 
+/// OpenAI's `parallel_tool_calls: false` on parsed stream deltas: only the
+/// model's first tool call (index 0) is returned; the pieces of later ones
+/// are dropped, and deltas left with nothing in them too.
+pub fn first_tool_call_only(deltas: &mut Vec<ChatDelta>) {
+    for d in deltas.iter_mut() {
+        d.tool_calls.retain(|c| c.index == 0);
+    }
+    deltas.retain(|d| {
+        !d.tool_calls.is_empty() || d.content.is_some() || d.reasoning_content.is_some()
+    });
+}
+
 /// Renders `input` with the model's chat template and tokenises it.
 pub fn render(state: &AppState, input: &ChatInput<'_>) -> Result<ChatPrompt, ApiError> {
     let (text, output) = render_text(state, input)?;
-    let tokens = state.tokenizer.encode(&text, false)?;
+    let tokens = state.tokenizer.encode(&text, input.add_special_tokens)?;
     Ok(ChatPrompt {
         text,
         tokens,
@@ -113,4 +130,64 @@ fn check_tool_choice(choice: Option<&Json>, tools: &[Json]) -> Result<(), ApiErr
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use agentd_chat::{parse_output, StreamParser, ToolCallIds};
+
+    use super::*;
+
+    /// Two Hermes calls, streamed in small pieces through the real parser:
+    /// with the filter only the first call's pieces are left.
+    #[test]
+    fn one_tool_call_keeps_the_first_call_of_a_stream() {
+        let opts = OutputOptions {
+            reasoning: ReasoningMode::Disabled,
+            tool_calls: true,
+            ..OutputOptions::default()
+        };
+        let text = "Sure.<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n\
+                    <tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(
+            parse_output(text, &opts, &mut ToolCallIds::Random)
+                .tool_calls
+                .len(),
+            2
+        );
+        let run = |filter: bool| {
+            let mut p = StreamParser::new(opts.clone(), ToolCallIds::Random);
+            let mut out = Vec::new();
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(5) {
+                let mut d = p.push(&piece.iter().collect::<String>());
+                if filter {
+                    first_tool_call_only(&mut d);
+                }
+                out.extend(d);
+            }
+            let mut d = p.finish();
+            if filter {
+                first_tool_call_only(&mut d);
+            }
+            out.extend(d);
+            out
+        };
+        let names = |deltas: &[ChatDelta]| -> Vec<String> {
+            deltas
+                .iter()
+                .flat_map(|d| &d.tool_calls)
+                .filter_map(|c| c.function.name.clone())
+                .collect()
+        };
+        assert_eq!(names(&run(false)), ["a", "b"]);
+        let one = run(true);
+        assert_eq!(names(&one), ["a"]);
+        assert!(one
+            .iter()
+            .all(|d| d.tool_calls.iter().all(|c| c.index == 0)));
+        assert!(one
+            .iter()
+            .all(|d| !d.tool_calls.is_empty() || d.content.is_some()));
+    }
 }

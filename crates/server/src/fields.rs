@@ -4,9 +4,10 @@
 //! vLLM's request models take unknown fields (`extra="allow"`) and log
 //! them; a field that changes the output but is silently dropped would
 //! answer a different question than the client asked, so each field that
-//! either API defines for chat or text completions and agentd does not
-//! implement is a 400 naming it — unless its value is the one that asks
-//! for nothing (`best_of: 1`, `use_beam_search: false`, `null`).
+//! either API defines for chat completions, text completions or responses
+//! and agentd does not implement is a 400 naming it — unless its value is
+//! the one that asks for nothing (`best_of: 1`, `use_beam_search: false`,
+//! `null`).
 
 use serde_json::{Map, Value as Json};
 
@@ -17,6 +18,17 @@ use crate::error::ApiError;
 pub enum Endpoint {
     Chat,
     Completions,
+    Responses,
+}
+
+impl Endpoint {
+    fn bit(self) -> u8 {
+        match self {
+            Endpoint::Chat => CHAT.0,
+            Endpoint::Completions => COMPLETIONS.0,
+            Endpoint::Responses => RESPONSES.0,
+        }
+    }
 }
 
 /// Values that ask for nothing.
@@ -36,6 +48,10 @@ enum Off {
     Empty,
     /// `null` or `["text"]` (output modalities).
     Text,
+    /// `null` or this string.
+    Str(&'static str),
+    /// `null` or a list without this string (Responses' `include`).
+    Without(&'static str),
 }
 
 impl Off {
@@ -56,64 +72,89 @@ impl Off {
                 _ => false,
             },
             Off::Text => v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")),
+            Off::Str(s) => v.as_str() == Some(s),
+            Off::Without(s) => v.as_array().is_some_and(|a| a.iter().all(|m| m != s)),
         }
     }
 }
 
-/// Where a field is defined: both endpoints or one.
+/// The endpoints a field is defined on (a set of bits).
 #[derive(Debug, Clone, Copy)]
-enum On {
-    Both,
-    Chat,
-    Completions,
-}
+struct On(u8);
 
-/// The fields OpenAI or vLLM define for chat / text completions that agentd
-/// does not implement, with the values that ask for nothing.
+const CHAT: On = On(1);
+const COMPLETIONS: On = On(2);
+const RESPONSES: On = On(4);
+/// Chat and text completions.
+const BOTH: On = On(1 | 2);
+/// Every generating endpoint.
+const ALL: On = On(1 | 2 | 4);
+const CHAT_RESPONSES: On = On(1 | 4);
+
+/// The fields OpenAI or vLLM define that agentd does not implement, the
+/// endpoints that define them, and the values that ask for nothing.
+///
+/// Reviewed and implemented, so not here: `prompt_logprobs`
+/// ([`crate::prompt_logprobs`]); `add_special_tokens` (chat and
+/// completions: the tokenizer's special tokens, a BOS where it defines
+/// one, are added when true); `parallel_tool_calls` (false: at most one
+/// tool call is returned, the first the model made).
 const UNIMPLEMENTED: &[(&str, On, Off)] = &[
     // vLLM sampling parameters.
-    ("best_of", On::Both, Off::One),
-    ("use_beam_search", On::Both, Off::False),
-    ("length_penalty", On::Both, Off::One),
-    ("prompt_logprobs", On::Both, Off::Null),
-    ("skip_special_tokens", On::Both, Off::True),
-    ("spaces_between_special_tokens", On::Both, Off::True),
-    ("logits_processors", On::Both, Off::Empty),
-    ("return_tokens_as_token_ids", On::Both, Off::False),
-    ("add_special_tokens", On::Both, Off::False),
-    ("priority", On::Both, Off::Zero),
-    ("kv_transfer_params", On::Both, Off::Empty),
-    ("vllm_xargs", On::Both, Off::Empty),
-    ("mm_processor_kwargs", On::Both, Off::Empty),
-    // vLLM structured outputs (agentd's are `response_format` and tools).
-    ("structured_outputs", On::Both, Off::Null),
-    ("guided_json", On::Both, Off::Null),
-    ("guided_regex", On::Both, Off::Null),
-    ("guided_choice", On::Both, Off::Null),
-    ("guided_grammar", On::Both, Off::Null),
-    ("structural_tag", On::Both, Off::Null),
-    ("guided_decoding_backend", On::Both, Off::Null),
-    ("guided_whitespace_pattern", On::Both, Off::Null),
+    ("best_of", BOTH, Off::One),
+    ("use_beam_search", BOTH, Off::False),
+    ("length_penalty", BOTH, Off::One),
+    ("skip_special_tokens", ALL, Off::True),
+    ("spaces_between_special_tokens", BOTH, Off::True),
+    ("logits_processors", BOTH, Off::Empty),
+    ("return_tokens_as_token_ids", BOTH, Off::False),
+    ("priority", ALL, Off::Zero),
+    ("kv_transfer_params", ALL, Off::Empty),
+    ("vllm_xargs", ALL, Off::Empty),
+    ("mm_processor_kwargs", ALL, Off::Empty),
+    // vLLM structured outputs (agentd's are `response_format` / `text`
+    // and tools).
+    ("structured_outputs", ALL, Off::Null),
+    ("guided_json", BOTH, Off::Null),
+    ("guided_regex", BOTH, Off::Null),
+    ("guided_choice", BOTH, Off::Null),
+    ("guided_grammar", BOTH, Off::Null),
+    ("structural_tag", BOTH, Off::Null),
+    ("guided_decoding_backend", BOTH, Off::Null),
+    ("guided_whitespace_pattern", BOTH, Off::Null),
     // Chat only (OpenAI, then vLLM).
-    ("audio", On::Chat, Off::Null),
-    ("modalities", On::Chat, Off::Text),
-    ("prediction", On::Chat, Off::Null),
-    ("functions", On::Chat, Off::Empty),
-    ("function_call", On::Chat, Off::Null),
-    ("web_search_options", On::Chat, Off::Null),
-    ("parallel_tool_calls", On::Chat, Off::True),
-    ("reasoning_effort", On::Chat, Off::Null),
-    ("verbosity", On::Chat, Off::Null),
-    ("store", On::Chat, Off::False),
-    ("echo", On::Chat, Off::False),
-    ("return_token_ids", On::Chat, Off::False),
-    ("documents", On::Chat, Off::Null),
-    ("chat_template", On::Chat, Off::Null),
-    ("media_io_kwargs", On::Chat, Off::Empty),
+    ("audio", CHAT, Off::Null),
+    ("modalities", CHAT, Off::Text),
+    ("prediction", CHAT, Off::Null),
+    ("functions", CHAT, Off::Empty),
+    ("function_call", CHAT, Off::Null),
+    ("web_search_options", CHAT, Off::Null),
+    ("reasoning_effort", CHAT, Off::Null),
+    ("verbosity", CHAT, Off::Null),
+    ("store", CHAT, Off::False),
+    ("echo", CHAT, Off::False),
+    ("return_token_ids", CHAT, Off::False),
+    ("documents", CHAT, Off::Null),
+    ("chat_template", CHAT, Off::Null),
+    ("media_io_kwargs", CHAT_RESPONSES, Off::Empty),
     // Text completions only.
-    ("suffix", On::Completions, Off::Empty),
-    ("prompt_embeds", On::Completions, Off::Null),
-    ("response_format", On::Completions, Off::Null),
+    ("suffix", COMPLETIONS, Off::Empty),
+    ("prompt_embeds", COMPLETIONS, Off::Null),
+    ("response_format", COMPLETIONS, Off::Null),
+    // Responses only (OpenAI, then vLLM). `include` may name what agentd
+    // has no use for (`reasoning.encrypted_content`: its reasoning is
+    // plain text), but not output logprobs, which it does not return.
+    (
+        "include",
+        RESPONSES,
+        Off::Without("message.output_text.logprobs"),
+    ),
+    ("max_tool_calls", RESPONSES, Off::Null),
+    ("prompt", RESPONSES, Off::Null),
+    ("conversation", RESPONSES, Off::Null),
+    ("truncation", RESPONSES, Off::Str("disabled")),
+    ("enable_response_messages", RESPONSES, Off::False),
+    ("previous_input_messages", RESPONSES, Off::Null),
 ];
 
 /// Fields the APIs define that do not change what is generated
@@ -125,6 +166,9 @@ const NO_EFFECT: &[&str] = &[
     "prompt_cache_key",
     "service_tier",
     "request_id",
+    // Responses: read only with `include: ["message.output_text.logprobs"]`,
+    // which is refused.
+    "top_logprobs",
 ];
 
 /// Refuses the first field of `extra` (the fields no request type read)
@@ -132,14 +176,9 @@ const NO_EFFECT: &[&str] = &[
 /// logs the rest, as vLLM logs the fields it ignores.
 pub fn check(extra: &Map<String, Json>, endpoint: Endpoint) -> Result<(), ApiError> {
     for (name, value) in extra {
-        let known = UNIMPLEMENTED.iter().find(|(n, on, _)| {
-            *n == name.as_str()
-                && match on {
-                    On::Both => true,
-                    On::Chat => endpoint == Endpoint::Chat,
-                    On::Completions => endpoint == Endpoint::Completions,
-                }
-        });
+        let known = UNIMPLEMENTED
+            .iter()
+            .find(|(n, on, _)| *n == name.as_str() && on.0 & endpoint.bit() != 0);
         match known {
             Some((n, _, off)) if !off.accepts(value) => {
                 return Err(ApiError::InvalidParam {
@@ -194,17 +233,40 @@ mod tests {
             run(json!({"modalities": ["audio"]}), Chat),
             Err(Some("modalities"))
         );
-        assert_eq!(
-            run(json!({"prompt_logprobs": 1}), Chat),
-            Err(Some("prompt_logprobs"))
-        );
         for off in [
             json!({"best_of": 1, "use_beam_search": false, "length_penalty": 1.0}),
             json!({"skip_special_tokens": true, "guided_json": null, "priority": 0}),
-            json!({"modalities": ["text"], "parallel_tool_calls": true, "functions": []}),
+            json!({"modalities": ["text"], "functions": []}),
         ] {
             assert_eq!(run(off.clone(), Chat), Ok(()), "{off}");
         }
+        // The Responses API's own, and the shared ones it defines too.
+        assert_eq!(
+            run(
+                json!({"include": ["message.output_text.logprobs"]}),
+                Responses
+            ),
+            Err(Some("include"))
+        );
+        assert_eq!(
+            run(json!({"truncation": "auto"}), Responses),
+            Err(Some("truncation"))
+        );
+        assert_eq!(
+            run(json!({"skip_special_tokens": false}), Responses),
+            Err(Some("skip_special_tokens"))
+        );
+        assert_eq!(
+            run(
+                json!({"include": ["reasoning.encrypted_content"], "truncation": "disabled",
+                       "max_tool_calls": null, "top_logprobs": 3}),
+                Responses
+            ),
+            Ok(())
+        );
+        // Chat's fields are no fields of the Responses API.
+        assert_eq!(run(json!({"best_of": 3, "echo": true}), Responses), Ok(()));
+        assert_eq!(run(json!({"truncation": "auto"}), Chat), Ok(()));
         // A field of the other endpoint is no field of this one.
         assert_eq!(run(json!({"suffix": "x"}), Chat), Ok(()));
         assert_eq!(run(json!({"echo": true}), Completions), Ok(()));

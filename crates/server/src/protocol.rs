@@ -138,6 +138,11 @@ pub struct ChatCompletionRequest {
     pub continue_final_message: Option<bool>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
+    /// `false`: at most one tool call is returned (the model's first).
+    pub parallel_tool_calls: Option<bool>,
+    /// vLLM's `add_special_tokens` (default false for chat: the template
+    /// writes them): the tokenizer's own (a BOS) added to the prompt.
+    pub add_special_tokens: Option<bool>,
     #[serde(flatten)]
     pub common: CommonParams,
 }
@@ -167,6 +172,10 @@ pub struct CompletionRequest {
     /// (first chunk when streaming) and the generated `token_ids`.
     #[serde(default)]
     pub return_token_ids: bool,
+    /// vLLM's `add_special_tokens`: the tokenizer's special tokens (a BOS,
+    /// where it defines one) added to text prompts. agentd's default is
+    /// false, vLLM's true; they agree for tokenizers that add none (Qwen3's).
+    pub add_special_tokens: Option<bool>,
     #[serde(flatten)]
     pub common: CommonParams,
 }

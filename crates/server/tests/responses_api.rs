@@ -282,6 +282,44 @@ fn refusals_name_the_field() {
         r.body
     );
     bad(json!({"input": 5}), 400, "");
+    // Fields OpenAI or vLLM define for responses that agentd does not
+    // implement: refused by name, from the table chat and completions use.
+    for (field, value) in [
+        ("include", json!(["message.output_text.logprobs"])),
+        ("truncation", json!("auto")),
+        ("max_tool_calls", json!(2)),
+        ("skip_special_tokens", json!(false)),
+        ("structured_outputs", json!({"json": {}})),
+    ] {
+        let mut body = json!({"input": "x", "max_output_tokens": 2});
+        body[field] = value;
+        bad(body, 400, field);
+    }
+}
+
+#[test]
+fn fields_no_api_defines_here_are_ignored() {
+    let addr = shared();
+    let base = json!({"model": MODEL, "input": "Say hi.", "max_output_tokens": 4,
+                      "temperature": 0, "store": false});
+    let plain = create(addr, base.clone());
+    // Unknown fields, chat-only fields and what asks for nothing pass, and
+    // change nothing (vLLM logs and ignores them: extra="allow").
+    let mut body = base;
+    for (k, v) in [
+        ("no_such_field", json!({"x": 1})),
+        ("prompt_logprobs", json!(3)),
+        ("best_of", json!(4)),
+        ("include", json!(["reasoning.encrypted_content"])),
+        ("truncation", json!("disabled")),
+        ("top_logprobs", json!(2)),
+        ("parallel_tool_calls", json!(false)),
+    ] {
+        body[k] = v;
+    }
+    let v = create(addr, body);
+    assert_eq!(output_text(&v), output_text(&plain), "{v}");
+    assert_eq!(v["parallel_tool_calls"], false);
 }
 
 #[test]

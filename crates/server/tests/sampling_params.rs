@@ -354,3 +354,33 @@ fn bad_values_are_400s_and_the_server_keeps_serving() {
     }
     assert_eq!(greedy(4).len(), 4, "still serving");
 }
+
+#[test]
+fn add_special_tokens_and_one_tool_call_are_honoured() {
+    // vLLM's add_special_tokens: the tokenizer's own tokens. Qwen3's adds
+    // none (no BOS), so both spellings tokenize the prompt alike.
+    let text = "The quick brown fox";
+    let prompt_ids = |extra: Value| {
+        let mut body = json!({"model": MODEL, "prompt": text, "max_tokens": 1,
+                              "return_token_ids": true});
+        merge(&mut body, extra);
+        let r = post(shared(), "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["prompt_token_ids"].clone()
+    };
+    let with = prompt_ids(json!({"add_special_tokens": true}));
+    assert_eq!(with, json!(tokenizer().encode(text, true).unwrap()));
+    assert_eq!(prompt_ids(json!({"add_special_tokens": false})), with);
+    // parallel_tool_calls: false with a forced call: one call, as asked.
+    let tools = json!([{"type": "function", "function": {"name": "set_alarm",
+        "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}},
+                       "required": ["on"], "additionalProperties": false}}}]);
+    let body = json!({"model": MODEL, "max_tokens": 64, "temperature": 0,
+                      "messages": [{"role": "user", "content": "weather in Paris?"}],
+                      "tools": tools, "tool_choice": "required",
+                      "parallel_tool_calls": false, "add_special_tokens": true});
+    let r = post(shared(), "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let calls = &r.json()["choices"][0]["message"]["tool_calls"];
+    assert_eq!(calls.as_array().map(Vec::len), Some(1), "{}", r.body);
+}

@@ -48,6 +48,8 @@ pub struct Prepared {
     cancel: Arc<Notify>,
     /// Feeds the turn's first tool call to the per-tool statistics.
     tool_note: Option<choices::ToolNote>,
+    /// `parallel_tool_calls: false`: only the first tool call is output.
+    one_tool_call: bool,
 }
 
 /// Builds the prompt of `req` and submits it.
@@ -148,6 +150,7 @@ pub fn prepare(
         owner,
         cancel,
         tool_note,
+        one_tool_call: req.parallel_tool_calls == Some(false),
     })
 }
 
@@ -200,6 +203,7 @@ fn render(
             chat_template_kwargs: kwargs.clone(),
             add_generation_prompt,
             continue_final_message: false,
+            add_special_tokens: false,
         };
         chat_prompt::render_text(state, &input)
     };
@@ -283,7 +287,18 @@ pub async fn drive(
         owner,
         cancel,
         tool_note,
+        one_tool_call,
     } = p;
+    let parse = |parser: &mut StreamParser, text: &str, end: bool| {
+        let mut d = parser.push(text);
+        if end {
+            d.extend(parser.finish());
+        }
+        if one_tool_call {
+            chat_prompt::first_tool_call_only(&mut d);
+        }
+        d
+    };
     let history = Arc::new(history);
     object.status = Status::InProgress;
     keep(&state, owner, &object, history.clone(), Arc::default());
@@ -305,7 +320,7 @@ pub async fn drive(
         };
         match step {
             Ok(Some(Step::Piece(piece))) => {
-                builder.push(parser.push(&piece.text), &mut ev);
+                builder.push(parse(&mut parser, &piece.text, false), &mut ev);
                 ids.extend(piece.token_ids);
             }
             Ok(Some(Step::Finished {
@@ -314,9 +329,7 @@ pub async fn drive(
                 usage,
             })) => {
                 ids.extend(piece.token_ids);
-                let mut d = parser.push(&piece.text);
-                d.extend(parser.finish());
-                builder.push(d, &mut ev);
+                builder.push(parse(&mut parser, &piece.text, true), &mut ev);
                 break Some(Ok((reason, usage)));
             }
             Ok(None) => break Some(Err(ApiError::Internal("generation ended early".into()))),

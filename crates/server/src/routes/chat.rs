@@ -51,6 +51,7 @@ pub async fn handle(
                     chat_template_kwargs: kwargs,
                     add_generation_prompt: req.add_generation_prompt,
                     continue_final_message: req.continue_final_message.unwrap_or(false),
+                    add_special_tokens: req.add_special_tokens.unwrap_or(false),
                 },
             )?;
             Ok((req, prompt, constraint))
@@ -94,6 +95,7 @@ pub async fn handle(
             .await?;
     let meta = ResponseMeta::new(&state, "chatcmpl");
     let tool_note = choices::ToolNote::new(&state, &program);
+    let one_tool_call = req.parallel_tool_calls == Some(false);
     if req.common.stream {
         let include_usage = req
             .common
@@ -104,7 +106,7 @@ pub async fn handle(
             choices,
             output,
             meta,
-            (include_usage, top.is_some()),
+            (include_usage, top.is_some(), one_tool_call),
             tool_note,
         ));
     }
@@ -116,7 +118,10 @@ pub async fn handle(
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {
-        let parsed = parse_output(&d.text, &output, &mut ToolCallIds::Random);
+        let mut parsed = parse_output(&d.text, &output, &mut ToolCallIds::Random);
+        if one_tool_call {
+            parsed.tool_calls.truncate(1);
+        }
         let reason = finish_reason(d.reason, !parsed.tool_calls.is_empty());
         if let (0, Some(note), Some(call)) = (index, &tool_note, parsed.tool_calls.first()) {
             note.note(&call.function.name);
@@ -178,6 +183,8 @@ struct ChatStream {
     meta: ResponseMeta,
     include_usage: bool,
     logprobs: bool,
+    /// `parallel_tool_calls: false`: only the first tool call goes out.
+    one_tool_call: bool,
     /// Logprobs of tokens whose text the parser still holds back.
     pending_logprobs: Vec<TokenLogprob>,
     called_tools: bool,
@@ -215,7 +222,10 @@ impl ChatStream {
     }
 
     /// Chunks for parser deltas; pending logprobs ride on the first one.
-    fn deltas(&mut self, deltas: Vec<ChatDelta>, out: &mut Vec<Bytes>) {
+    fn deltas(&mut self, mut deltas: Vec<ChatDelta>, out: &mut Vec<Bytes>) {
+        if self.one_tool_call {
+            chat_prompt::first_tool_call_only(&mut deltas);
+        }
         for d in deltas {
             self.called_tools |= !d.tool_calls.is_empty();
             if self.first_tool.is_none() && self.tool_note.is_some() {
@@ -290,7 +300,7 @@ fn stream_response(
     choices: Vec<Choice>,
     output: OutputOptions,
     meta: ResponseMeta,
-    (include_usage, logprobs): (bool, bool),
+    (include_usage, logprobs, one_tool_call): (bool, bool, bool),
     tool_note: Option<choices::ToolNote>,
 ) -> Response {
     let streams = choices
@@ -304,6 +314,7 @@ fn stream_response(
                 meta: meta.clone(),
                 include_usage,
                 logprobs,
+                one_tool_call,
                 pending_logprobs: Vec::new(),
                 called_tools: false,
                 tool_note: if c.index == 0 {

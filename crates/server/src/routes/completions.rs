@@ -23,9 +23,10 @@ use crate::{controls, program_id, prompt_logprobs, sampling, sse};
 fn prompt_list(
     state: &SharedState,
     prompt: PromptSpec,
+    add_special_tokens: bool,
 ) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
     let text = |t: String| -> Result<(Vec<u32>, String), ApiError> {
-        Ok((state.tokenizer.encode(&t, false)?, t))
+        Ok((state.tokenizer.encode(&t, add_special_tokens)?, t))
     };
     let list = match prompt {
         PromptSpec::Text(t) => vec![text(t)?],
@@ -77,7 +78,7 @@ pub async fn handle(
         crate::offload::run(move || {
             let mut req = req;
             let prompt = std::mem::replace(&mut req.prompt, PromptSpec::Tokens(Vec::new()));
-            let prompts = prompt_list(&state, prompt)?;
+            let prompts = prompt_list(&state, prompt, req.add_special_tokens.unwrap_or(false))?;
             Ok((req, prompts))
         })
         .await?

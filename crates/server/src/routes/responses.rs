@@ -23,6 +23,7 @@ pub async fn create(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ResponsesRequest = parse_json(&body)?;
+    crate::fields::check(&req.common.extra, crate::fields::Endpoint::Responses)?;
     let (stream, background) = (req.common.stream, req.background);
     // Rendering the conversation and tokenizing it is CPU work: on the
     // blocking pool, in the caller's tenant scope (as chat completions).
