@@ -2,6 +2,7 @@
 //! cache (block ids allocated trivially here; the engine uses agentd-kv).
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use agentd_models::sampling::FinishReason;
@@ -131,6 +132,34 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.block_size == 0 || args.prefill_chunk == 0 {
         bail!("--block-size and --prefill-chunk must be positive");
     }
+    let (dir, model, tokenizer) = load(&args)?;
+    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids, &tokenizer) {
+        (Some(text), _, Some(tok)) => tok.encode(text, false)?,
+        (_, Some(ids), _) => ids.clone(),
+        _ => bail!("give --prompt or --prompt-ids"),
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let sampler = SequenceSampler::new(sampling(&args, &dir)?, &prompt)?;
+    let mut text = Text {
+        tokenizer,
+        decoder: IncrementalDecoder::new(true),
+        text: String::new(),
+        echo: !args.json,
+    };
+    let out = generate(&model, &mut text, &prompt, sampler, &args)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!();
+    }
+    Ok(())
+}
+
+/// The model directory, the model and its tokenizer (`None` when it has
+/// none and the prompt is token ids).
+fn load(args: &GenerateArgs) -> Result<(PathBuf, Model, Option<Tokenizer>)> {
     let t0 = Instant::now();
     let dtype = args.dtype.dtype;
     let dir = args.hub.model_dir(&args.model, args.tokenizer.is_some())?;
@@ -141,7 +170,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     tracing::info!(model = %dir.display(), %dtype, "loading model");
     let model = Model::load_as(&dir, dtype)
         .with_context(|| format!("loading model from {}", dir.display()))?;
-    let cfg = model.config().clone();
+    let cfg = model.config();
     tracing::info!(
         layers = cfg.num_hidden_layers,
         hidden = cfg.hidden_size,
@@ -157,17 +186,57 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             None
         }
     };
-    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids, &tokenizer) {
-        (Some(text), _, Some(tok)) => tok.encode(text, false)?,
-        (_, Some(ids), _) => ids.clone(),
-        _ => bail!("give --prompt or --prompt-ids"),
-    };
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    let params = sampling(&args, &dir)?;
-    let mut sampler = SequenceSampler::new(params, &prompt)?;
+    Ok((dir, model, tokenizer))
+}
 
+/// The generated text, detokenized as it comes and echoed to stdout
+/// unless `--json`.
+struct Text {
+    tokenizer: Option<Tokenizer>,
+    decoder: IncrementalDecoder,
+    text: String,
+    echo: bool,
+}
+
+impl Text {
+    fn push(&mut self, token: u32) -> Result<()> {
+        let Some(tok) = &self.tokenizer else {
+            return Ok(());
+        };
+        let piece = self.decoder.push(tok, token)?;
+        self.add(piece)
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let Some(tok) = &self.tokenizer else {
+            return Ok(());
+        };
+        let piece = self.decoder.flush(tok)?;
+        self.add(piece)
+    }
+
+    fn add(&mut self, piece: Option<String>) -> Result<()> {
+        let Some(piece) = piece else { return Ok(()) };
+        if self.echo {
+            let mut stdout = std::io::stdout();
+            write!(stdout, "{piece}")?;
+            stdout.flush()?;
+        }
+        self.text.push_str(&piece);
+        Ok(())
+    }
+}
+
+/// Prefills `prompt` in chunks of `--prefill-chunk`, then decodes until a
+/// stop, `--max-tokens` or the model's window.
+fn generate(
+    model: &Model,
+    text: &mut Text,
+    prompt: &[u32],
+    mut sampler: SequenceSampler,
+    args: &GenerateArgs,
+) -> Result<Output> {
+    let cfg = model.config();
     // Enough blocks for the whole context; ids simply 0..n.
     let bs = args.block_size;
     let max_ctx =
@@ -175,14 +244,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let num_blocks = max_ctx.div_ceil(bs).max(1);
     let mut cache = model.new_cache(num_blocks, bs)?;
     let table: Vec<u32> = (0..num_blocks as u32).collect();
-
-    let mut tokens = prompt.clone();
+    let mut tokens = prompt.to_vec();
     let mut cached = 0;
-    let mut out_ids = Vec::new();
-    let mut logprobs = Vec::new();
-    let mut decoder = IncrementalDecoder::new(true);
-    let mut text = String::new();
-    let mut stdout = std::io::stdout();
+    let (mut out_ids, mut logprobs) = (Vec::new(), Vec::new());
     let mut finish = FinishReason::Length;
     let t_prefill = Instant::now();
     let mut t_decode = None;
@@ -190,12 +254,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         let pending = tokens.len() - cached;
         let n = pending.min(args.prefill_chunk);
         let last = n == pending;
-        let mut b = BatchBuilder::new(bs);
         let lf = if last {
             LogitsFor::Last
         } else {
             LogitsFor::None
         };
+        let mut b = BatchBuilder::new(bs);
         b.push(&tokens[cached..cached + n], cached, &table, lf);
         let logits = model.forward(&b.build(), &mut cache)?;
         cached += n;
@@ -203,32 +267,22 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             continue;
         }
         if t_decode.is_none() {
-            tracing::info!(
-                prompt_tokens = prompt.len(),
-                secs = t_prefill.elapsed().as_secs_f32(),
-                "prefill done"
-            );
+            let secs = t_prefill.elapsed().as_secs_f32();
+            tracing::info!(prompt_tokens = prompt.len(), secs, "prefill done");
             t_decode = Some(Instant::now());
         }
         let row: Vec<f32> = logits.squeeze(0)?.to_vec1()?;
         let s = sampler.sample(&row, &cfg.eos_token_ids)?;
         out_ids.push(s.token_id);
         if let Some(lp) = s.logprob {
+            let (token_id, top) = (s.token_id, s.top);
             logprobs.push(TokenLogprob {
-                token_id: s.token_id,
+                token_id,
                 logprob: lp,
-                top: s.top,
+                top,
             });
         }
-        if let Some(tok) = &tokenizer {
-            if let Some(piece) = decoder.push(tok, s.token_id)? {
-                if !args.json {
-                    write!(stdout, "{piece}")?;
-                    stdout.flush()?;
-                }
-                text.push_str(&piece);
-            }
-        }
+        text.push(s.token_id)?;
         tokens.push(s.token_id);
         if let Some(r) = sampler.finish_reason(s.token_id, &cfg.eos_token_ids) {
             finish = r;
@@ -239,34 +293,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             break;
         }
     }
-    if let Some(tok) = &tokenizer {
-        if let Some(piece) = decoder.flush(tok)? {
-            if !args.json {
-                write!(stdout, "{piece}")?;
-            }
-            text.push_str(&piece);
-        }
-    }
+    text.finish()?;
     if let Some(t) = t_decode {
         let secs = t.elapsed().as_secs_f32();
-        tracing::info!(
-            tokens = out_ids.len(),
-            secs,
-            tok_per_s = out_ids.len().saturating_sub(1) as f32 / secs.max(1e-9),
-            "decode done"
-        );
+        let tok_per_s = out_ids.len().saturating_sub(1) as f32 / secs.max(1e-9);
+        tracing::info!(tokens = out_ids.len(), secs, tok_per_s, "decode done");
     }
-    if args.json {
-        let out = Output {
-            token_ids: out_ids,
-            text,
-            finish_reason: finish.as_openai(),
-            prompt_tokens: prompt.len(),
-            logprobs: args.top_logprobs.map(|_| logprobs),
-        };
-        println!("{}", serde_json::to_string(&out)?);
-    } else {
-        println!();
-    }
-    Ok(())
+    Ok(Output {
+        token_ids: out_ids,
+        text: std::mem::take(&mut text.text),
+        finish_reason: finish.as_openai(),
+        prompt_tokens: prompt.len(),
+        logprobs: args.top_logprobs.map(|_| logprobs),
+    })
 }

@@ -24,8 +24,9 @@ use crate::app::SharedState;
 use crate::chat_prompt::{self, ChatInput, ChatPrompt};
 use crate::choices::{self, Choice};
 use crate::error::ApiError;
-use crate::generation::Step;
+use crate::generation::{Generation, Step};
 use crate::program_id::{self, ProgramRef};
+use crate::protocol::UsageInfo;
 use crate::sampling;
 use crate::structured;
 use crate::tenant::Caller;
@@ -289,25 +290,84 @@ pub async fn drive(
         tool_note,
         one_tool_call,
     } = p;
-    let parse = |parser: &mut StreamParser, text: &str, end: bool| {
-        let mut d = parser.push(text);
-        if end {
-            d.extend(parser.finish());
-        }
-        if one_tool_call {
-            chat_prompt::first_tool_call_only(&mut d);
-        }
-        d
-    };
     let history = Arc::new(history);
     object.status = Status::InProgress;
     keep(&state, owner, &object, history.clone(), Arc::default());
     let created = json!({"type": "response.created", "response": &object});
     let in_progress = json!({"type": "response.in_progress", "response": &object});
-    let mut gen = choice.gen;
-    let mut parser = StreamParser::new(output, ToolCallIds::Random);
-    let mut builder = OutputBuilder::new(&object.id);
-    let mut alive = sink(vec![created, in_progress]);
+    let alive = sink(vec![created, in_progress]);
+    let reader = Reader {
+        parser: StreamParser::new(output, ToolCallIds::Random),
+        builder: OutputBuilder::new(&object.id),
+        one_tool_call,
+    };
+    // Dropped at its end: the engine request is cancelled if still running.
+    let mut g = generate(choice.gen, reader, &cancel, alive, &mut sink).await;
+    state.responses.stop(&object.id);
+    let (items, message) = g.builder.finish(&mut g.ev);
+    let terminal = settle(&mut object, g.finished, items);
+    if matches!(object.status, Status::Completed | Status::Incomplete) {
+        let first = message.tool_calls.as_ref().and_then(|c| c.first());
+        if let (Some(note), Some(call)) = (&tool_note, first) {
+            note.note(&call.function.name);
+        }
+    }
+    let mut full = (*history).clone();
+    full.push(message);
+    // Only a clean finish leaves the program's KV holding exactly these
+    // tokens.
+    let turn = match object.status {
+        Status::Completed | Status::Incomplete => {
+            Turn::new(&state.tokenizer, prompt, &g.ids).unwrap_or_default()
+        }
+        _ => Turn::default(),
+    };
+    keep(&state, owner, &object, Arc::new(full), Arc::new(turn));
+    g.ev.push(json!({"type": terminal, "response": &object}));
+    sink(g.ev);
+    object
+}
+
+/// Turns the generated text into output items (and their events).
+struct Reader {
+    parser: StreamParser,
+    builder: OutputBuilder,
+    /// `parallel_tool_calls: false`: only the first tool call is output.
+    one_tool_call: bool,
+}
+
+impl Reader {
+    fn push(&mut self, text: &str, end: bool, ev: &mut Vec<Json>) {
+        let mut d = self.parser.push(text);
+        if end {
+            d.extend(self.parser.finish());
+        }
+        if self.one_tool_call {
+            chat_prompt::first_tool_call_only(&mut d);
+        }
+        self.builder.push(d, ev);
+    }
+}
+
+/// What [`generate`] leaves: how it ended (`None`: cancelled, or the
+/// client went away), the generated ids, the output so far and the events
+/// not yet handed out.
+struct Generated {
+    finished: Option<Result<(&'static str, UsageInfo), ApiError>>,
+    ids: Vec<u32>,
+    builder: OutputBuilder,
+    ev: Vec<Json>,
+}
+
+/// Reads `gen` to its end, handing each step's events to `sink`, until a
+/// cancel or a `false` from `sink`.
+async fn generate(
+    mut gen: Generation,
+    mut reader: Reader,
+    cancel: &Notify,
+    mut alive: bool,
+    sink: &mut impl FnMut(Vec<Json>) -> bool,
+) -> Generated {
     let mut ev = Vec::new();
     let mut ids = Vec::new();
     let finished = loop {
@@ -316,11 +376,11 @@ pub async fn drive(
         }
         let step = tokio::select! {
             step = gen.next() => step,
-            () = cancelled(&cancel) => break None,
+            () = cancelled(cancel) => break None,
         };
         match step {
             Ok(Some(Step::Piece(piece))) => {
-                builder.push(parse(&mut parser, &piece.text, false), &mut ev);
+                reader.push(&piece.text, false, &mut ev);
                 ids.extend(piece.token_ids);
             }
             Ok(Some(Step::Finished {
@@ -329,7 +389,7 @@ pub async fn drive(
                 usage,
             })) => {
                 ids.extend(piece.token_ids);
-                builder.push(parse(&mut parser, &piece.text, true), &mut ev);
+                reader.push(&piece.text, true, &mut ev);
                 break Some(Ok((reason, usage)));
             }
             Ok(None) => break Some(Err(ApiError::Internal("generation ended early".into()))),
@@ -339,11 +399,21 @@ pub async fn drive(
             alive = sink(std::mem::take(&mut ev));
         }
     };
-    // Dropping the generation cancels an engine request still running.
-    drop(gen);
-    state.responses.stop(&object.id);
-    let (items, message) = builder.finish(&mut ev);
-    let terminal = match finished {
+    Generated {
+        finished,
+        ids,
+        builder: reader.builder,
+        ev,
+    }
+}
+
+/// Sets the object's final status and output; the terminal event's name.
+fn settle(
+    object: &mut ResponseObject,
+    finished: Option<Result<(&'static str, UsageInfo), ApiError>>,
+    items: Vec<Json>,
+) -> &'static str {
+    match finished {
         Some(Ok((reason, usage))) => {
             object.finish(reason, items, usage.into());
             match object.status {
@@ -363,27 +433,7 @@ pub async fn drive(
             object.status = Status::Cancelled;
             "response.cancelled"
         }
-    };
-    if matches!(object.status, Status::Completed | Status::Incomplete) {
-        let first = message.tool_calls.as_ref().and_then(|c| c.first());
-        if let (Some(note), Some(call)) = (&tool_note, first) {
-            note.note(&call.function.name);
-        }
     }
-    let mut full = (*history).clone();
-    full.push(message);
-    // Only a clean finish leaves the program's KV holding exactly these
-    // tokens.
-    let turn = match object.status {
-        Status::Completed | Status::Incomplete => {
-            Turn::new(&state.tokenizer, prompt, &ids).unwrap_or_default()
-        }
-        _ => Turn::default(),
-    };
-    keep(&state, owner, &object, Arc::new(full), Arc::new(turn));
-    ev.push(json!({"type": terminal, "response": &object}));
-    sink(ev);
-    object
 }
 
 async fn cancelled(n: &Notify) {

@@ -15,10 +15,12 @@ use crate::choices::{self, Choice, ChoiceStep, ResponseMeta};
 use crate::error::ApiError;
 use crate::fields::{self, Endpoint};
 use crate::generation::{Generation, Step};
+use crate::program_id::ProgramRef;
 use crate::protocol::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatLogprobs, ChunkDelta, TokenLogprob, UsageInfo,
 };
+use crate::sampling::Sampling;
 use crate::{controls, program_id, prompt_logprobs, sampling, sse, structured};
 
 pub async fn handle(
@@ -30,7 +32,47 @@ pub async fn handle(
     fields::check(&req.common.extra, Endpoint::Chat)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
-    // Rendering and tokenizing a long conversation is CPU work: off the runtime.
+    let p = prepare(&state, &program, req).await?;
+    let logprobs = p.top.is_some();
+    let submit = vec![(p.prompt, p.sampling)];
+    let choices = choices::submit_offloaded(&state, &program, submit, p.n, logprobs).await?;
+    let shape = Shape {
+        output: p.output,
+        meta: ResponseMeta::new(&state, "chatcmpl"),
+        logprobs,
+        one_tool_call: p.req.parallel_tool_calls == Some(false),
+        tool_note: choices::ToolNote::new(&state, &program),
+    };
+    if p.req.common.stream {
+        let include_usage = p
+            .req
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        return Ok(stream_response(choices, shape, include_usage));
+    }
+    whole(&state, choices, shape, p.n).await
+}
+
+/// A chat request rendered and checked: what to submit.
+struct Prepared {
+    req: ChatCompletionRequest,
+    prompt: Vec<u32>,
+    output: OutputOptions,
+    sampling: Sampling,
+    /// `top_logprobs` when `logprobs` is on.
+    top: Option<u32>,
+    n: usize,
+}
+
+/// Renders the messages with the chat template (off the runtime: CPU work
+/// on a long conversation), then builds and checks the sampling.
+async fn prepare(
+    state: &SharedState,
+    program: &ProgramRef,
+    req: ChatCompletionRequest,
+) -> Result<Prepared, ApiError> {
     let (req, prompt, constraint) = {
         let state = state.clone();
         crate::offload::run(move || {
@@ -90,40 +132,48 @@ pub async fn handle(
         tools = output.tool_calls,
         "chat completion"
     );
-    let choices =
-        choices::submit_offloaded(&state, &program, vec![(prompt, sampling)], n, top.is_some())
-            .await?;
-    let meta = ResponseMeta::new(&state, "chatcmpl");
-    let tool_note = choices::ToolNote::new(&state, &program);
-    let one_tool_call = req.parallel_tool_calls == Some(false);
-    if req.common.stream {
-        let include_usage = req
-            .common
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage);
-        return Ok(stream_response(
-            choices,
-            output,
-            meta,
-            (include_usage, top.is_some(), one_tool_call),
-            tool_note,
-        ));
-    }
+    Ok(Prepared {
+        req,
+        prompt,
+        output,
+        sampling,
+        top,
+        n,
+    })
+}
+
+/// How the generated text becomes the answer, whole or streamed.
+struct Shape {
+    output: OutputOptions,
+    meta: ResponseMeta,
+    logprobs: bool,
+    /// `parallel_tool_calls: false`: only the first tool call goes out.
+    one_tool_call: bool,
+    /// The program's turn (choice 0): its first tool call, for the engine.
+    tool_note: Option<choices::ToolNote>,
+}
+
+/// The non-streamed response: every choice generated, then parsed.
+async fn whole(
+    state: &SharedState,
+    choices: Vec<Choice>,
+    shape: Shape,
+    n: usize,
+) -> Result<Response, ApiError> {
     let mut done = choices::collect_all(choices).await?;
-    let prompt_logprobs = prompt_logprobs::per_prompt(&state, &mut done, n)
+    let prompt_logprobs = prompt_logprobs::per_prompt(state, &mut done, n)
         .await?
         .pop()
         .flatten();
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {
-        let mut parsed = parse_output(&d.text, &output, &mut ToolCallIds::Random);
-        if one_tool_call {
+        let mut parsed = parse_output(&d.text, &shape.output, &mut ToolCallIds::Random);
+        if shape.one_tool_call {
             parsed.tool_calls.truncate(1);
         }
         let reason = finish_reason(d.reason, !parsed.tool_calls.is_empty());
-        if let (0, Some(note), Some(call)) = (index, &tool_note, parsed.tool_calls.first()) {
+        if let (0, Some(note), Some(call)) = (index, &shape.tool_note, parsed.tool_calls.first()) {
             note.note(&call.function.name);
         }
         usages.push((first, d.usage));
@@ -135,17 +185,17 @@ pub async fn handle(
                 reasoning_content: parsed.reasoning_content,
                 tool_calls: parsed.tool_calls,
             },
-            logprobs: top.is_some().then_some(ChatLogprobs {
+            logprobs: shape.logprobs.then_some(ChatLogprobs {
                 content: d.logprobs,
             }),
             finish_reason: reason,
         });
     }
     let response = ChatCompletionResponse {
-        id: meta.id,
+        id: shape.meta.id,
         object: "chat.completion",
-        created: meta.created,
-        model: meta.model,
+        created: shape.meta.created,
+        model: shape.meta.model,
         choices: out,
         usage: choices::merge_usage(&usages),
         prompt_logprobs,
@@ -296,13 +346,14 @@ impl ChatStream {
     }
 }
 
-fn stream_response(
-    choices: Vec<Choice>,
-    output: OutputOptions,
-    meta: ResponseMeta,
-    (include_usage, logprobs, one_tool_call): (bool, bool, bool),
-    tool_note: Option<choices::ToolNote>,
-) -> Response {
+fn stream_response(choices: Vec<Choice>, shape: Shape, include_usage: bool) -> Response {
+    let Shape {
+        output,
+        meta,
+        logprobs,
+        one_tool_call,
+        tool_note,
+    } = shape;
     let streams = choices
         .into_iter()
         .map(|c| {

@@ -8,14 +8,16 @@ use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
 
 use crate::app::{parse_json, SharedState};
-use crate::choices::{self, ChoiceStep, ResponseMeta};
+use crate::choices::{self, Choice, ChoiceStep, ResponseMeta};
 use crate::error::ApiError;
 use crate::fields::{self, Endpoint};
 use crate::generation::{Generation, Piece, Step};
+use crate::program_id::ProgramRef;
 use crate::protocol::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptSpec,
     UsageInfo,
 };
+use crate::sampling::Sampling;
 use crate::{controls, program_id, prompt_logprobs, sampling, sse};
 
 /// The prompts' token ids and texts: one prompt, or OpenAI's batch form (a
@@ -71,8 +73,47 @@ pub async fn handle(
     fields::check(&req.common.extra, Endpoint::Completions)?;
     state.check_model(req.common.model.as_deref())?;
     let program = program_id::resolve(&req.common, &headers)?;
-    // Tokenizing text prompts (or detokenizing token prompts for `echo`) is
-    // CPU work: off the runtime.
+    let (req, prompts) = prepare(&state, &program, req).await?;
+    let logprobs = req.logprobs.is_some();
+    let choices =
+        choices::submit_offloaded(&state, &program, prompts.submit, prompts.n, logprobs).await?;
+    let shape = Shape {
+        meta: ResponseMeta::new(&state, "cmpl"),
+        n: prompts.n,
+        logprobs,
+        echo: req.echo.then_some(prompts.texts),
+        return_token_ids: req.return_token_ids,
+        prompt_ids: prompts.ids,
+    };
+    if req.common.stream {
+        let include_usage = req
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        return Ok(stream_response(choices, shape, include_usage));
+    }
+    whole(&state, choices, shape).await
+}
+
+/// The request's prompts, checked, with their sampling.
+struct Prompts {
+    submit: Vec<(Vec<u32>, Sampling)>,
+    /// Each prompt's text (for `echo`).
+    texts: Vec<String>,
+    /// Each prompt's ids, with `return_token_ids`.
+    ids: Vec<Vec<u32>>,
+    /// Choices per prompt.
+    n: usize,
+}
+
+/// Tokenizes the prompts (or detokenizes token prompts for `echo`: CPU
+/// work, off the runtime), then builds and checks each one's sampling.
+async fn prepare(
+    state: &SharedState,
+    program: &ProgramRef,
+    req: CompletionRequest,
+) -> Result<(CompletionRequest, Prompts), ApiError> {
     let (req, prompts) = {
         let state = state.clone();
         crate::offload::run(move || {
@@ -84,9 +125,12 @@ pub async fn handle(
         .await?
     };
     let n = choices::count(req.common.n, prompts.len())?;
-    let mut texts = Vec::with_capacity(prompts.len());
-    let mut prompt_ids = Vec::with_capacity(prompts.len());
-    let mut submit = Vec::with_capacity(prompts.len());
+    let mut out = Prompts {
+        submit: Vec::with_capacity(prompts.len()),
+        texts: Vec::with_capacity(prompts.len()),
+        ids: Vec::new(),
+        n,
+    };
     let vocab = state.engine.model_config().vocab_size;
     for (mut ids, text) in prompts {
         controls::truncate(&mut ids, &req.common, state.max_model_len)?;
@@ -106,58 +150,80 @@ pub async fn handle(
             stream = req.common.stream,
             "completion"
         );
-        texts.push(text);
+        out.texts.push(text);
         if req.return_token_ids {
-            prompt_ids.push(ids.clone());
+            out.ids.push(ids.clone());
         }
-        submit.push((ids, sampling));
+        out.submit.push((ids, sampling));
     }
-    let logprobs = req.logprobs.is_some();
-    let choices = choices::submit_offloaded(&state, &program, submit, n, logprobs).await?;
-    let meta = ResponseMeta::new(&state, "cmpl");
-    let echo = |index: usize| req.echo.then(|| texts[index / n].clone());
-    // vLLM's `return_token_ids`: each choice carries its prompt's ids (on its
-    // first chunk when streaming) and the ids it generated.
-    let ids_of = |index: usize| prompt_ids.get(index / n).cloned();
-    if req.common.stream {
-        let include_usage = req
-            .common
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage);
-        let streams = choices
-            .into_iter()
-            .map(|c| {
-                CompletionStream {
-                    echo: echo(c.index),
-                    gen: c.gen,
-                    index: c.index,
-                    first_of_prompt: c.first_of_prompt,
-                    meta: meta.clone(),
-                    logprobs,
-                    include_usage,
-                    offset: 0,
-                    done: false,
-                    return_token_ids: req.return_token_ids,
-                    prompt_token_ids: ids_of(c.index),
-                }
-                .into_stream()
-            })
-            .collect();
-        let usage_meta = meta.clone();
-        return Ok(sse::response(choices::merge(
-            streams,
-            move |usage| usage_chunk(&usage_meta, usage),
-            include_usage,
-        )));
+    Ok((req, out))
+}
+
+/// How the choices' text becomes the answer, whole or streamed.
+struct Shape {
+    meta: ResponseMeta,
+    n: usize,
+    logprobs: bool,
+    /// With `echo`: each prompt's text, put before its choices' text.
+    echo: Option<Vec<String>>,
+    return_token_ids: bool,
+    /// With `return_token_ids`: each prompt's ids.
+    prompt_ids: Vec<Vec<u32>>,
+}
+
+impl Shape {
+    fn echo(&self, index: usize) -> Option<String> {
+        self.echo.as_ref()?.get(index / self.n).cloned()
     }
+
+    /// vLLM's `return_token_ids`: each choice carries its prompt's ids (on
+    /// its first chunk when streaming) and the ids it generated.
+    fn ids_of(&self, index: usize) -> Option<Vec<u32>> {
+        self.prompt_ids.get(index / self.n).cloned()
+    }
+}
+
+fn stream_response(choices: Vec<Choice>, shape: Shape, include_usage: bool) -> Response {
+    let streams = choices
+        .into_iter()
+        .map(|c| {
+            CompletionStream {
+                echo: shape.echo(c.index),
+                prompt_token_ids: shape.ids_of(c.index),
+                gen: c.gen,
+                index: c.index,
+                first_of_prompt: c.first_of_prompt,
+                meta: shape.meta.clone(),
+                logprobs: shape.logprobs,
+                include_usage,
+                offset: 0,
+                done: false,
+                return_token_ids: shape.return_token_ids,
+            }
+            .into_stream()
+        })
+        .collect();
+    let meta = shape.meta;
+    sse::response(choices::merge(
+        streams,
+        move |usage| usage_chunk(&meta, usage),
+        include_usage,
+    ))
+}
+
+/// The non-streamed response: every choice generated.
+async fn whole(
+    state: &SharedState,
+    choices: Vec<Choice>,
+    shape: Shape,
+) -> Result<Response, ApiError> {
     let mut done = choices::collect_all(choices).await?;
-    let prompt_logprobs = prompt_logprobs::per_prompt(&state, &mut done, n).await?;
+    let prompt_logprobs = prompt_logprobs::per_prompt(state, &mut done, shape.n).await?;
     let mut usages = Vec::with_capacity(done.len());
     let mut out = Vec::with_capacity(done.len());
     for (index, first, d) in done {
-        let mut text = echo(index).unwrap_or_default();
-        let lp = logprobs.then(|| {
+        let mut text = shape.echo(index).unwrap_or_default();
+        let lp = shape.logprobs.then(|| {
             let mut lp = CompletionLogprobs::default();
             lp.extend(&d.logprobs, text.len());
             lp
@@ -169,16 +235,16 @@ pub async fn handle(
             text,
             logprobs: lp,
             finish_reason: Some(d.reason),
-            prompt_token_ids: ids_of(index),
-            token_ids: req.return_token_ids.then_some(d.token_ids),
-            prompt_logprobs: prompt_logprobs.get(index / n).cloned().flatten(),
+            prompt_token_ids: shape.ids_of(index),
+            token_ids: shape.return_token_ids.then_some(d.token_ids),
+            prompt_logprobs: prompt_logprobs.get(index / shape.n).cloned().flatten(),
         });
     }
     Ok(Json(CompletionResponse {
-        id: meta.id,
+        id: shape.meta.id,
         object: "text_completion",
-        created: meta.created,
-        model: meta.model,
+        created: shape.meta.created,
+        model: shape.meta.model,
         choices: out,
         usage: Some(Some(choices::merge_usage(&usages))),
     })
