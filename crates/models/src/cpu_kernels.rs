@@ -122,6 +122,7 @@ impl KernelPath {
 
     /// Whether AVX2 + FMA code may run on this path (the AVX-512 path uses
     /// the AVX2 helpers where it has no wider form).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn x86_avx2(self) -> bool {
         matches!(self, KernelPath::Avx2 | KernelPath::Avx512)
     }
