@@ -9,8 +9,10 @@
 //! - `avx512`: AVX-512F (with AVX2, FMA and F16C, which every AVX-512 CPU has).
 //! - `avx2`: AVX2 + FMA + F16C (Haswell / Zen 1 on), 8-lane forms of the
 //!   AVX-512 kernels summing in the same order, so equal to them bit for bit.
-//! - `neon`: aarch64 Advanced SIMD (detected and reported; its matmul and
-//!   attention kernels are not landed yet, so it runs the portable ones).
+//! - `neon`: aarch64 Advanced SIMD (baseline on aarch64): 4-lane forms of the
+//!   matmul kernels with the same FMA chains (equal to the x86 ones bit for
+//!   bit), the AVX2 attention and `simd` kernels on pairs of 4-lane vectors;
+//!   the sampler's loops, RoPE and SiLU stay portable.
 //! - `portable`: plain Rust, on every CPU.
 //!
 //! `AGENTD_CPU_KERNELS=portable|avx2|avx512|neon` forces one (benchmarks and

@@ -32,6 +32,8 @@ mod matmul;
 pub mod mlp;
 pub mod model;
 pub mod moe;
+#[cfg(target_arch = "aarch64")]
+mod neon8;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod router;

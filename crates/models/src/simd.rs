@@ -1,7 +1,8 @@
 //! The few f32 vector kernels the CPU attention, the norms and the portable
 //! linear layers spend their time in, on the process's [`KernelPath`]: AVX2+FMA
 //! forms on the x86 paths (AVX-512 has no wider form of these: they run on
-//! short rows or are memory-bound), plain loops with independent accumulators
+//! short rows or are memory-bound), their NEON twins on aarch64 (8 lanes as
+//! two `float32x4_t`, the same sums in the same order), plain loops with independent accumulators
 //! (which LLVM vectorises for the baseline ISA) otherwise.
 
 use crate::cpu_kernels::{self, KernelPath};
@@ -23,6 +24,10 @@ pub fn dot_on(path: KernelPath, a: &[f32], b: &[f32]) -> f32 {
         // (the path was checked).
         return unsafe { x86::dot(a, b) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if cpu_kernels::check(path) == KernelPath::Neon {
+        return neon::dot(a, b);
+    }
     let _ = path;
     dot_portable(a, b)
 }
@@ -42,6 +47,11 @@ pub fn axpy_on(path: KernelPath, y: &mut [f32], alpha: f32, x: &[f32]) {
     if cpu_kernels::check(path).x86_avx2() {
         // SAFETY: as in `dot_on`.
         unsafe { x86::axpy(y, alpha, x) };
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if cpu_kernels::check(path) == KernelPath::Neon {
+        neon::axpy(y, alpha, x);
         return;
     }
     let _ = path;
@@ -141,6 +151,59 @@ mod x86 {
         while i + 8 <= n {
             let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
             _mm256_storeu_ps(py.add(i), r);
+            i += 8;
+        }
+        while i < n {
+            y[i] += alpha * x[i];
+            i += 1;
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use crate::neon8::F8;
+
+    /// The AVX2 `x86::dot` with [`F8`] lanes: the same FMA chains and the same
+    /// final reduction, so the same value.
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let (mut acc0, mut acc1) = (F8::zero(), F8::zero());
+        let mut i = 0;
+        // SAFETY (loads): i + 16 (or + 8) <= n, inside both slices.
+        while i + 16 <= n {
+            unsafe {
+                acc0 = acc0.fma(F8::load(pa.add(i)), F8::load(pb.add(i)));
+                acc1 = acc1.fma(F8::load(pa.add(i + 8)), F8::load(pb.add(i + 8)));
+            }
+            i += 16;
+        }
+        if i + 8 <= n {
+            acc0 = unsafe { acc0.fma(F8::load(pa.add(i)), F8::load(pb.add(i))) };
+            i += 8;
+        }
+        let mut s = acc0.add(acc1).hsum();
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// `y += alpha * x`, fused per element as on the x86 paths.
+    pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+        let n = y.len().min(x.len());
+        let (py, px) = (y.as_mut_ptr(), x.as_ptr());
+        let av = F8::splat(alpha);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n, inside both slices.
+            unsafe {
+                F8::load(py.add(i))
+                    .fma(av, F8::load(px.add(i)))
+                    .store(py.add(i))
+            };
             i += 8;
         }
         while i < n {

@@ -71,6 +71,8 @@ fn kernel(path: KernelPath, d: usize) -> ChunkFn {
         KernelPath::Avx512 => super::avx512::select(d),
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => super::avx2::select(d),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => super::neon::select(d),
         _ => None,
     };
     let _ = d;

@@ -24,13 +24,15 @@
 //!
 //! The AVX2+FMA path (`bcast_avx2`, `small_avx2`) has the same two kernels
 //! with 8-lane vectors and the same FMA chains, so its results equal the
-//! AVX-512 ones bit for bit. The portable path sums each output alone
+//! AVX-512 ones bit for bit. So has the aarch64 NEON path (`neon`: 4-lane
+//! forms, same chains). The portable path sums each output alone
 //! with `simd::dot_rows` (batch-invariant too, in another order). The path is
 //! [`cpu_kernels::path`].
 //!
 //! **Stored dtype:** `W` may be f32, bf16 or f16 ([`WeightElem`]). 16-bit
 //! weights are widened as they are loaded, exactly (bf16: a 16-bit shift;
-//! f16: `vcvtph2ps` in the AVX-512 kernels, `half`'s `to_f32` in the portable
+//! f16: `vcvtph2ps` in the AVX-512 kernels, integer bit arithmetic in the
+//! NEON ones, `half`'s `to_f32` in the portable
 //! path, both exact for every f16 value), and the FMA chains are the same,
 //! so a bf16 or f16 product equals the f32 product of the same rounded
 //! weights bit for bit, and stays batch-invariant, while the weights take
@@ -45,6 +47,8 @@ use crate::simd;
 mod bcast;
 #[cfg(target_arch = "x86_64")]
 mod bcast_avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod small;
 #[cfg(target_arch = "x86_64")]
@@ -99,14 +103,20 @@ impl WeightElem for half::f16 {
 }
 
 /// Activation rows per transposed block of the broadcast kernels: 4 vectors
-/// of 16 (AVX-512), 8 of 8 (AVX2).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// of 16 (AVX-512), 8 of 8 (AVX2), 16 of 4 (NEON).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 const BLOCK_ROWS: usize = 64;
 
 /// `x` `[t, k]` → consecutive blocks of [`BLOCK_ROWS`] rows, each `[k, tp]`
 /// with `tp` the block's rows rounded up to `lanes`. Block b starts at
 /// `b * BLOCK_ROWS * k` (every block but the last is full).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 fn transpose_blocks(x: &[f32], t: usize, k: usize, lanes: usize) -> Vec<f32> {
     let mut xt = vec![0f32; t.div_ceil(lanes) * lanes * k];
     let mut t0 = 0;
@@ -177,6 +187,14 @@ pub fn matmul_xwt_on<W: WeightElem>(
                 bcast_avx2::matmul(x, t, w, n, k, out_ptr)
             }
         },
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => unsafe {
+            if t <= 4 {
+                neon::small(x, t, w, n, k, out_ptr)
+            } else {
+                neon::bcast(x, t, w, n, k, out_ptr)
+            }
+        },
         _ => row_tasks(t, n, |rows, ts| {
             portable_block(x, w, k, n, rows, ts, out_ptr)
         }),
@@ -186,7 +204,10 @@ pub fn matmul_xwt_on<W: WeightElem>(
 /// Whether the process's path has vectorised matmul kernels (which beat
 /// candle's gemm at every T and keep rows batch-invariant).
 pub fn has_own_kernels() -> bool {
-    matches!(cpu_kernels::path(), KernelPath::Avx512 | KernelPath::Avx2)
+    matches!(
+        cpu_kernels::path(),
+        KernelPath::Avx512 | KernelPath::Avx2 | KernelPath::Neon
+    )
 }
 
 /// Runs `block(rows, activation_rows)` over [`ROWS_PER_TASK`]-row tasks in

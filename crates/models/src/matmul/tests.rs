@@ -1,6 +1,6 @@
 //! The matmul on every kernel path the CPU supports, against a naive
-//! product, against each other (AVX2 = AVX-512 bit for bit) and for batch
-//! invariance.
+//! product, against each other (AVX2 = AVX-512 bit for bit; every vector
+//! path = the scalar FMA chain, NEON included) and for batch invariance.
 
 use super::*;
 
@@ -69,6 +69,39 @@ fn avx2_equals_avx512_bit_for_bit() {
                 run(KernelPath::Avx512, &x, t, &wh, n, k),
                 "f16",
             );
+        }
+    }
+}
+
+/// Every vectorised path (AVX-512, AVX2, NEON) computes each output as the
+/// one FMA chain `acc = fma(w[i], x[i], acc)` over k in order from zero:
+/// equal bit for bit to that chain written with `f32::mul_add`, so the
+/// paths equal each other across machines (NEON is checked under qemu on
+/// x86 CI against this, not against x86 outputs).
+#[test]
+fn vector_paths_equal_the_scalar_fma_chain() {
+    for p in [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Neon] {
+        if !p.supported() {
+            eprintln!("SKIPPED: {p}: not on this CPU");
+            continue;
+        }
+        for (n, k) in [(70, 45), (33, 128), (16, 8)] {
+            let x: Vec<f32> = (0..70 * k).map(|i| (i as f32 * 0.37).sin()).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
+            for t in [1, 3, 4, 5, 17, 70] {
+                let out = run(p, &x, t, &w, n, k);
+                for a in 0..t {
+                    for b in 0..n {
+                        let want =
+                            (0..k).fold(0f32, |acc, i| w[b * k + i].mul_add(x[a * k + i], acc));
+                        let got = out[a * n + b];
+                        assert!(
+                            got.to_bits() == want.to_bits(),
+                            "{p} n={n} k={k} t={t} ({a},{b}): {got} vs chain {want}"
+                        );
+                    }
+                }
+            }
         }
     }
 }
