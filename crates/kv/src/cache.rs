@@ -391,6 +391,28 @@ impl KvCache {
         self.programs.remove(&p);
     }
 
+    /// Forgets every cached block except those the programs `keep` hold
+    /// (a weight update or `/flush_cache`, so no later request reuses KV
+    /// computed before): each other program's blocks are dropped as a
+    /// pause would and its hash chain forgotten, then every unreferenced
+    /// cached block and the host tier's slots are emptied. Returns the
+    /// device blocks freed.
+    pub fn flush(&mut self, keep: impl Fn(ProgramId) -> bool) -> usize {
+        let others: Vec<ProgramId> = self
+            .programs
+            .keys()
+            .copied()
+            .filter(|&p| !keep(p))
+            .collect();
+        for p in others {
+            self.pause(p);
+            if let Some(kv) = self.programs.get_mut(&p) {
+                kv.hashes.clear();
+            }
+        }
+        self.pool.drop_unreferenced()
+    }
+
     /// Probes which leading blocks of a hash chain are cached here.
     pub fn probe(&self, chain: &[BlockHash]) -> ProbeResult {
         let mut r = ProbeResult::default();

@@ -364,6 +364,38 @@ impl BlockPool {
         true
     }
 
+    /// Forgets every unreferenced cached block, on the device and in the
+    /// host tier (a weight update, `/flush_cache`): evictable blocks become
+    /// free and lose their hashes, the tier's slots are emptied, and each
+    /// hash that leaves both tiers is announced `Removed`. Referenced blocks
+    /// keep their hashes. Returns the device blocks freed.
+    pub(crate) fn drop_unreferenced(&mut self) -> usize {
+        let mut gone = std::collections::HashSet::new();
+        let mut freed = 0;
+        while let Some(i) = self.evictable.pop_front() {
+            if let Some(h) = self.blocks[i as usize].hash.take() {
+                self.by_hash.remove(&h);
+                gone.insert(h);
+            }
+            self.free.push(i);
+            freed += 1;
+        }
+        if let Some(tier) = self.host.as_mut() {
+            gone.extend(tier.hashes());
+            *tier = HostTier::new(tier.num_slots());
+        }
+        let mut gone: Vec<BlockHash> = gone
+            .into_iter()
+            .filter(|h| !self.by_hash.contains_key(h))
+            .collect();
+        // Deterministic event order (the set's is not).
+        gone.sort_unstable();
+        for hash in gone {
+            self.note(KvEvent::Removed { hash });
+        }
+        freed
+    }
+
     /// Every hash currently cached (referenced or evictable), for checks
     /// against what subscribers rebuilt from the events.
     pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {

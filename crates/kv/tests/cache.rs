@@ -157,3 +157,60 @@ fn prefix_stats_count_queries_and_hits() {
     assert_eq!(s.query_tokens, 96);
     assert_eq!(s.hit_tokens, 32);
 }
+
+/// A flush (weight update, `/flush_cache`) leaves nothing matchable but
+/// what the kept programs hold: an idle program's resident blocks, a
+/// paused program's evictable ones and the host tier's copies are gone.
+#[test]
+fn flush_forgets_everything_the_kept_programs_do_not_hold() {
+    let mut kv = KvCache::new(32, BS, 0);
+    kv.enable_host_tier(8);
+    kv.enable_events();
+    let system = toks(1, 64);
+    let (idle, paused, running) = (ProgramId(1), ProgramId(2), ProgramId(3));
+    compute(&mut kv, idle, &system);
+    let mut b = toks(2, 40);
+    b.extend(toks(3, 8));
+    compute(&mut kv, paused, &b);
+    kv.pause(paused);
+    let mut c = system.clone();
+    c.extend(toks(4, 20));
+    assert_eq!(
+        compute(&mut kv, running, &c),
+        64,
+        "shares the system prompt"
+    );
+    kv.drain_events();
+    let freed = kv.flush(|p| p == running);
+    kv.check_invariants().expect("invariants after a flush");
+    assert!(
+        freed >= 2,
+        "the paused program's evictable blocks were freed"
+    );
+    assert_eq!(kv.blocks_held(idle), 0);
+    assert!(kv.program_hashes(idle).is_empty());
+    assert_eq!(kv.blocks_held(running), 6, "the kept program keeps its KV");
+    // Nothing of the other programs matches any more (the running program's
+    // referenced system-prompt blocks still do: they are its own).
+    assert_eq!(kv.match_prefix(ProgramId(9), &b).cached_tokens, 0);
+    assert!(
+        kv.match_prefix(idle, &system).cached_tokens > 0,
+        "blocks the kept program references are still shared"
+    );
+    let removed = kv
+        .drain_events()
+        .into_iter()
+        .filter(|e| matches!(e, agentd_kv::KvEvent::Removed { .. }))
+        .count();
+    assert!(removed >= 2, "the freed hashes are announced removed");
+    kv.release(running);
+    kv.release(idle);
+    kv.flush(|_| false);
+    kv.check_invariants().expect("invariants");
+    assert_eq!(
+        kv.pool().num_free(),
+        32,
+        "an empty cache after a full flush"
+    );
+    assert_eq!(kv.match_prefix(ProgramId(10), &c).cached_tokens, 0);
+}

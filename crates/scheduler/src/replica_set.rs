@@ -416,6 +416,31 @@ impl<P: Policy> ReplicaSet<P> {
         }
     }
 
+    /// Pauses every program running on `r` by the policy's own order, as
+    /// block exhaustion does (SGLang's `pause_generation` in `retract`
+    /// mode): their requests go back to the queue with the tokens generated
+    /// so far, their KV references are dropped, and a later admission
+    /// restores them (recomputing what the cache lost). The policy may pause
+    /// idle programs of `r` on the way (its order puts acting ones first).
+    /// Returns the programs paused.
+    pub fn retract(&mut self, r: usize, now: f64) -> Vec<ProgramId> {
+        let mut paused = Vec::new();
+        // Each call pauses a distinct program of the policy's; the bound
+        // only guards against a policy that would not.
+        let bound = self.home.len() + 1;
+        while let Some(&protect) = self.running[r].first() {
+            if paused.len() > bound {
+                break;
+            }
+            let Some(v) = self.policy.preempt(r, now, &Replicas(&self.kv), protect) else {
+                break;
+            };
+            self.pause_on(v, r);
+            paused.push(v);
+        }
+        paused
+    }
+
     /// Marks the next `tokens` of `p`'s context on `r` as computed. Returns
     /// the tokens now computed.
     pub fn commit(&mut self, r: usize, p: ProgramId, tokens: &[u32]) -> Result<usize, KvError> {
