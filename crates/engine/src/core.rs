@@ -62,7 +62,7 @@ pub(crate) struct Req {
 }
 
 impl Req {
-    fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.signals.cancelled.load(Ordering::Relaxed) || self.tx.is_closed()
     }
 }
@@ -177,6 +177,9 @@ pub(crate) struct Core {
     pub ended_subscribers: Vec<UnboundedSender<ProgramEnded>>,
     /// Events for callers' streams, sent once the lock is released.
     pub outbox: Outbox,
+    /// Pause, weight swap: trainer commands the workers carry out at step
+    /// boundaries ([`crate::control`]).
+    pub(crate) control: crate::control::Control,
     pub(crate) next_program: u64,
     next_request: u64,
 }
@@ -202,6 +205,7 @@ impl Core {
             shutdown: false,
             ended_subscribers: Vec::new(),
             outbox: Outbox::default(),
+            control: Default::default(),
             next_program: 1,
             next_request: 1,
             cfg,
@@ -354,22 +358,7 @@ impl Core {
     /// the core's schedule (leases, the policy's decision), and the batch.
     pub fn plan(&mut self, r: usize) -> StepBatch {
         let now = self.now();
-        let cancelled: Vec<ProgramId> = self
-            .replicas
-            .running(r)
-            .iter()
-            .copied()
-            .filter(|p| {
-                self.programs
-                    .get(p)
-                    .and_then(|q| q.current.as_ref())
-                    .is_none_or(Req::is_cancelled)
-            })
-            .collect();
-        let mut changed = !cancelled.is_empty();
-        for p in cancelled {
-            self.finish(p, FinishReason::Cancelled);
-        }
+        let mut changed = self.finish_cancelled(r);
         let sched = self.replicas.schedule(r, now, &Requests(&self.programs));
         changed |= !(sched.expired.is_empty() && sched.decision.is_empty());
         for p in sched.expired {
@@ -382,6 +371,9 @@ impl Core {
         for st in sched.started {
             self.note_start(st);
         }
+        // An admitted request cancelled while it waited ends here, before
+        // any step computes its prompt.
+        changed |= self.finish_cancelled(r);
         let budget = self.cfg.max_num_batched_tokens;
         let step = self
             .replicas

@@ -113,6 +113,26 @@ impl RequestStream {
     }
 }
 
+/// Cancels a request from outside its stream (SGLang's `/abort_request`,
+/// `pause_generation` in `abort` mode): it ends at its replica's next step
+/// boundary with finish reason `abort`, and its stream still receives the
+/// tokens it had and the finish.
+#[derive(Clone)]
+pub struct AbortHandle(Arc<Signals>);
+
+impl AbortHandle {
+    pub fn abort(&self) {
+        self.0.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+impl RequestStream {
+    /// A handle that cancels this request without dropping its stream.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.signals.clone())
+    }
+}
+
 impl Drop for RequestStream {
     fn drop(&mut self) {
         self.signals.cancelled.store(true, Ordering::Relaxed);
@@ -351,6 +371,11 @@ impl Engine {
             .board
             .read_blocking(pushed, || shared.wake_all())
             .unwrap_or_else(|stale| shared.snapshot_now().unwrap_or(stale))
+    }
+
+    /// The state the workers share (for [`crate::control`]).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
     }
 
     /// Longest prompt + output a request may have.

@@ -17,6 +17,7 @@
 mod api;
 mod board;
 mod config;
+mod control;
 mod core;
 mod engine;
 mod inbox;
@@ -33,6 +34,7 @@ pub use api::{
 };
 pub use board::{Snapshot, MIN_REBUILD, READ_WAIT};
 pub use config::EngineConfig;
-pub use engine::{Engine, RequestStream, StartError};
+pub use control::{ControlError, PauseMode, SwapReport};
+pub use engine::{AbortHandle, Engine, RequestStream, StartError};
 pub use kv_events::KvEventSink;
 pub use metrics::{Histogram, MetricsSnapshot};

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use tracing::{error, info, warn};
 
 use crate::board::{Board, Snapshot};
+use crate::control::Point;
 use crate::core::{Core, Sampled, SeqPlan};
 use crate::inbox::Inbox;
 use crate::outbox::Outbox;
@@ -171,8 +172,10 @@ impl Shared {
     /// the inbox's submissions and publish a snapshot built now.
     pub fn snapshot_now(&self) -> Option<Arc<Snapshot>> {
         let mut core = self.try_lock()?;
-        let submitted = self.inbox.take();
-        core.accept(submitted);
+        if core.accepts() {
+            let submitted = self.inbox.take();
+            core.accept(submitted);
+        }
         let snap = self.board.publish_now(&core, core.seq, self.inbox.taken());
         Some(snap)
     }
@@ -204,7 +207,14 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
     // The last commit's stream events, delivered once the next step is
     // planned (see `next_plan`).
     let mut pending = Outbox::default();
-    while let Some((mut plan, copies)) = next_plan(r, &shared, &mut pending) {
+    while let Some(next) = next_plan(r, &shared, &mut pending) {
+        let (mut plan, copies) = match next {
+            Next::Step(plan, copies) => (plan, copies),
+            Next::Swap(model, copies) => {
+                swap(r, &shared, runner.as_mut(), model, &copies);
+                continue;
+            }
+        };
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
         let t = Instant::now();
@@ -238,6 +248,32 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
     }
     pending.deliver();
     info!(replica = r, "worker stopped");
+}
+
+/// Gives replica `r`'s runner new weights between steps (the engine is
+/// drained: [`crate::control`]), after the tier copies planned so far.
+fn swap(
+    r: usize,
+    shared: &Shared,
+    runner: &mut dyn StepRunner,
+    model: Arc<agentd_models::Model>,
+    copies: &[BlockCopy],
+) {
+    let t = Instant::now();
+    let result = runner
+        .copy_blocks(copies)
+        .and_then(|()| runner.swap_model(model))
+        .map_err(|e| e.to_string());
+    match &result {
+        Ok(()) => info!(
+            replica = r,
+            seconds = t.elapsed().as_secs_f64(),
+            "weights swapped"
+        ),
+        Err(e) => error!(replica = r, error = %e, "weight swap failed"),
+    }
+    shared.lock().swap_done(r, result);
+    shared.wake_all();
 }
 
 /// How long a step's forward and sampling took (`/metrics`).
@@ -320,11 +356,7 @@ fn commit(
 ///
 /// Returns the batch with the copies between the KV tiers to carry out
 /// before its forward: those of idle plans too, since no forward ran since.
-fn next_plan(
-    r: usize,
-    shared: &Shared,
-    pending: &mut Outbox,
-) -> Option<(Vec<SeqPlan>, Vec<BlockCopy>)> {
+fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
     let mut copies = Vec::new();
     loop {
         shared.wake.clear(r);
@@ -333,6 +365,10 @@ fn next_plan(
         loop {
             if core.shutdown {
                 return None;
+            }
+            // Paused, or a weight swap draining: new work waits in the inbox.
+            if !core.accepts() {
+                break;
             }
             let submitted = shared.inbox.take_up_to(ACCEPT_SECTION_SUBMISSIONS);
             if submitted.is_empty() {
@@ -343,6 +379,23 @@ fn next_plan(
             drop(core);
             core = shared.lock();
         }
+        match core.control_point(r) {
+            Point::Run => {}
+            Point::Swap(model) => {
+                drop(core);
+                pending.take().deliver();
+                return Some(Next::Swap(model, copies));
+            }
+            Point::Hold { idle } => {
+                if idle && !fresh {
+                    core.set_idle();
+                }
+                drop(core);
+                pending.take().deliver();
+                shared.wake.wait(r, IDLE_TICK);
+                continue;
+            }
+        }
         let mut step = core.plan(r);
         if step.seqs.is_empty() && !(fresh || step.changed) {
             core.set_idle();
@@ -351,10 +404,18 @@ fn next_plan(
         pending.take().deliver();
         copies.append(&mut step.copies);
         if !step.seqs.is_empty() {
-            return Some((step.seqs, copies));
+            return Some(Next::Step(step.seqs, copies));
         }
         shared.wake.wait(r, IDLE_TICK);
     }
+}
+
+/// What a worker does next.
+enum Next {
+    /// Run this batch, after these copies between the KV tiers.
+    Step(Vec<SeqPlan>, Vec<BlockCopy>),
+    /// Swap the runner's weights, after these copies.
+    Swap(Arc<agentd_models::Model>, Vec<BlockCopy>),
 }
 
 /// Runs the model on the planned batch, in plan order: one logits row per

@@ -44,6 +44,17 @@ pub trait StepRunner: Send {
         }
     }
 
+    /// Runs the next steps on `model`'s weights (a weight update between
+    /// steps; the engine checked the architecture). An error when the
+    /// runner cannot swap weights in place.
+    fn swap_model(&mut self, model: Arc<Model>) -> Result<()> {
+        drop(model);
+        Err(ModelError::Backend {
+            backend: "runner",
+            message: format!("{} cannot swap weights in place", self.device()),
+        })
+    }
+
     /// Carries out the allocator's copies between the tiers, in order
     /// (before the next [`StepRunner::step`]).
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
@@ -128,6 +139,13 @@ impl StepRunner for CpuRunner {
 
     fn compute_pool(&self) -> Option<&rayon::ThreadPool> {
         Some(&self.pool)
+    }
+
+    fn swap_model(&mut self, model: Arc<Model>) -> Result<()> {
+        self.cache.check_model(model.config())?;
+        // The old weights are freed when the last replica lets go of them.
+        self.model = model;
+        Ok(())
     }
 
     fn enable_host_tier(&mut self, slots: usize) -> Result<()> {

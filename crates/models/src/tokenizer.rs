@@ -57,6 +57,12 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The vocabulary's spelling of token `id` (byte-level BPE's `Ġhello`,
+    /// transformers' `convert_ids_to_tokens`); `None` outside the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// The Hugging Face tokenizer itself (the grammar engine reads its vocabulary).
     pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
         &self.inner

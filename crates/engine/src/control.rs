@@ -1,0 +1,435 @@
+//! What an RL trainer does to the engine between rollouts (issue 31):
+//! pause generation in SGLang's three modes and resume it, abort requests,
+//! flush the prefix cache, and swap in new weights between steps.
+//!
+//! Each is an explicit command on the engine's shared state: the caller
+//! (an HTTP handler on the blocking pool) sets what it wants under the
+//! engine lock and the replicas' workers carry it out at their next step
+//! boundary ([`Core::control_point`], called where a worker would plan);
+//! the caller waits, polling the state, until they have. Nothing here runs
+//! inside a step: a step's sequences are never paused, aborted or given
+//! new weights halfway through.
+//!
+//! - **Pause.** `abort`: every request in the engine is cancelled (it ends
+//!   with finish reason `abort` and the tokens it had); `retract`: the
+//!   running programs are paused by the policy's own order, as block
+//!   exhaustion would, their requests requeued with their generated tokens
+//!   and their KV dropped (restoring recomputes it); `in_place`: steps stop
+//!   and everything keeps its KV, so a resume continues exactly where it
+//!   stopped. In every mode new submissions stay in the inbox until resume.
+//! - **Weights.** [`Engine::swap_weights`] holds new submissions, lets what
+//!   was submitted before finish on the old weights (SGLang's writer lock
+//!   on the model), then each worker swaps its runner's model between steps
+//!   and the KV cache is flushed, so no sequence and no cached block mixes
+//!   two versions. A paused engine swaps at once (SGLang does the same); a
+//!   retracted request then recomputes its context on the new weights.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentd_kv::ProgramId;
+use agentd_models::{Model, ModelConfig};
+
+use crate::core::Core;
+use crate::engine::Engine;
+
+/// SGLang's `pause_generation` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Every request in the engine ends now with finish reason `abort`.
+    Abort,
+    /// Running requests go back to the queue and drop their KV.
+    Retract,
+    /// Steps stop; requests keep their KV and resume where they stopped.
+    InPlace,
+}
+
+impl PauseMode {
+    /// SGLang's name of the mode.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Abort => "abort",
+            Self::Retract => "retract",
+            Self::InPlace => "in_place",
+        }
+    }
+}
+
+/// Why a control command was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ControlError {
+    #[error("the cache can be flushed only while no request runs or waits: {running} running, {waiting} waiting")]
+    Busy { running: usize, waiting: usize },
+    #[error("the new weights are not this model's architecture: {0}")]
+    Incompatible(String),
+    #[error("{running} requests are paused in place holding KV of the current weights; continue them, or pause with mode abort or retract, before updating the weights")]
+    PausedInPlace { running: usize },
+    #[error("another weight update is in progress")]
+    SwapInProgress,
+    #[error("replica {replica} could not take the new weights: {message}")]
+    Swap { replica: usize, message: String },
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+/// What a weight swap did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwapReport {
+    /// Requests paused (retracted or queued) across the swap: they run on
+    /// the new weights once generation continues.
+    pub num_paused_requests: usize,
+    /// Device blocks freed by the flush that followed the swap.
+    pub blocks_flushed: usize,
+}
+
+/// The control state inside the engine lock.
+#[derive(Default)]
+pub(crate) struct Control {
+    pub paused: Option<PauseMode>,
+    /// Per replica: the current pause was carried out at a step boundary.
+    pub applied: Vec<bool>,
+    pub swap: Option<PendingSwap>,
+}
+
+pub(crate) struct PendingSwap {
+    pub model: Arc<Model>,
+    /// Per replica: `None` until its worker swapped (or failed to).
+    pub done: Vec<Option<Result<(), String>>>,
+}
+
+/// What a worker does at a step boundary.
+pub(crate) enum Point {
+    /// Plan and run a step as usual.
+    Run,
+    /// Give the runner these weights now, then come back.
+    Swap(Arc<Model>),
+    /// No step: wait for a kick. `idle` when nothing changed.
+    Hold { idle: bool },
+}
+
+/// How often a caller waiting for the workers looks again. A step boundary
+/// comes every few milliseconds to seconds; the check is a lock and a few
+/// counters.
+const POLL: Duration = Duration::from_millis(2);
+
+impl Core {
+    /// Whether workers take new submissions from the inbox.
+    pub(crate) fn accepts(&self) -> bool {
+        self.control.paused.is_none() && self.control.swap.is_none()
+    }
+
+    /// Nothing submitted before now still runs or waits (a paused engine's
+    /// queue is left for after the resume).
+    fn drained(&self) -> bool {
+        self.num_running() == 0
+            && self.in_flight.iter().all(|s| s.is_empty())
+            && (self.control.paused.is_some() || self.num_waiting() == 0)
+    }
+
+    /// Replica `r`'s worker is at a step boundary: what it does next.
+    pub(crate) fn control_point(&mut self, r: usize) -> Point {
+        if let Some(swap) = &self.control.swap {
+            if swap.done.get(r).is_some_and(Option::is_none) && self.drained() {
+                return Point::Swap(swap.model.clone());
+            }
+            if swap.done.get(r).is_some_and(Option::is_some) {
+                return Point::Hold { idle: true };
+            }
+        }
+        let Some(mode) = self.control.paused else {
+            return Point::Run;
+        };
+        let first = self.control.applied.get(r).is_some_and(|a| !a);
+        if let Some(a) = self.control.applied.get_mut(r) {
+            *a = true;
+        }
+        match mode {
+            // Keep planning: cancelled requests end at the plan, queued
+            // ones as soon as they are admitted (no step runs for them).
+            PauseMode::Abort => Point::Run,
+            PauseMode::Retract if first => {
+                let now = self.now();
+                let retracted = self.replicas.retract(r, now);
+                tracing::info!(
+                    replica = r,
+                    programs = retracted.len(),
+                    "generation paused: running requests retracted"
+                );
+                Point::Hold { idle: false }
+            }
+            PauseMode::Retract | PauseMode::InPlace => Point::Hold { idle: !first },
+        }
+    }
+
+    /// Replica `r`'s worker gave its runner the pending weights.
+    pub(crate) fn swap_done(&mut self, r: usize, result: Result<(), String>) {
+        if let Some(d) = self.control.swap.as_mut().and_then(|s| s.done.get_mut(r)) {
+            *d = Some(result);
+        }
+    }
+
+    /// Cancels every request in the engine (not those still in the inbox):
+    /// each ends with finish reason `abort` at its replica's next plan, or
+    /// as soon as it is admitted when it waits. Returns how many.
+    pub(crate) fn cancel_all(&mut self) -> usize {
+        let mut n = 0;
+        for prog in self.programs.values() {
+            if let Some(req) = &prog.current {
+                req.signals
+                    .cancelled
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Ends the cancelled requests running on `r` (before a plan, and again
+    /// after the schedule admitted some: a cancelled request never gets a
+    /// step). True when any ended.
+    pub(crate) fn finish_cancelled(&mut self, r: usize) -> bool {
+        let cancelled: Vec<ProgramId> = self
+            .replicas
+            .running(r)
+            .iter()
+            .copied()
+            .filter(|p| {
+                self.programs
+                    .get(p)
+                    .and_then(|q| q.current.as_ref())
+                    .is_none_or(|req| req.is_cancelled())
+            })
+            .collect();
+        let any = !cancelled.is_empty();
+        for p in cancelled {
+            self.finish(p, agentd_models::FinishReason::Cancelled);
+        }
+        any
+    }
+
+    /// Forgets every cached block no running program holds, on every
+    /// replica. Returns the device blocks freed.
+    fn flush_kv(&mut self) -> usize {
+        let mut freed = 0;
+        for r in 0..self.replicas.num_replicas() {
+            let running: Vec<ProgramId> = self.replicas.running(r).to_vec();
+            freed += self.replicas.kv[r].flush(|p| running.contains(&p));
+        }
+        freed
+    }
+}
+
+/// The checks that the new weights fit the running engine: the same
+/// family and every dimension the KV cache, the batch and the sampler
+/// depend on (the stored dtype may differ: the loader widens it).
+fn check_compatible(old: &ModelConfig, new: &ModelConfig) -> Result<(), ControlError> {
+    let dims = |c: &ModelConfig| {
+        [
+            c.vocab_size,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.rotary_dim,
+            c.max_position_embeddings,
+        ]
+    };
+    const NAMES: [&str; 9] = [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rotary_dim",
+        "max_position_embeddings",
+    ];
+    if old.family != new.family {
+        return Err(ControlError::Incompatible(format!(
+            "the model is {}, the new weights are {}",
+            old.family, new.family
+        )));
+    }
+    for ((name, a), b) in NAMES.iter().zip(dims(old)).zip(dims(new)) {
+        if a != b {
+            return Err(ControlError::Incompatible(format!(
+                "{name} is {a}, the new weights have {b}"
+            )));
+        }
+    }
+    let other = |c: &ModelConfig| {
+        format!(
+            "tie_word_embeddings={} attention_bias={} qk_norm={} moe={:?} rope_theta={} rope_scaling={:?} eos={:?}",
+            c.tie_word_embeddings, c.attention_bias, c.qk_norm, c.moe, c.rope_theta, c.rope_scaling, c.eos_token_ids
+        )
+    };
+    let (a, b) = (other(old), other(new));
+    if a != b {
+        return Err(ControlError::Incompatible(format!(
+            "the model has {a}, the new weights {b}"
+        )));
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Pauses generation in `mode` and returns once every replica has
+    /// carried it out at a step boundary (for `abort`: once every request
+    /// in the engine has ended). Returns the requests aborted (`abort`) or
+    /// still held (the others).
+    pub fn pause(&self, mode: PauseMode) -> usize {
+        let shared = self.shared();
+        let aborted = {
+            let mut core = shared.lock();
+            let n = core.replicas.num_replicas();
+            core.control.paused = Some(mode);
+            core.control.applied = vec![false; n];
+            match mode {
+                PauseMode::Abort => core.cancel_all(),
+                _ => 0,
+            }
+        };
+        shared.wake_all();
+        tracing::info!(mode = mode.as_str(), aborted, "pausing generation");
+        self.wait_for(|core| match mode {
+            PauseMode::Abort => core.num_running() == 0 && core.num_waiting() == 0,
+            _ => core.control.applied.iter().all(|&a| a),
+        });
+        match mode {
+            PauseMode::Abort => aborted,
+            _ => {
+                let core = shared.lock();
+                core.num_running() + core.num_waiting()
+            }
+        }
+    }
+
+    /// Resumes generation; false when it was not paused.
+    pub fn resume(&self) -> bool {
+        let shared = self.shared();
+        let was = {
+            let mut core = shared.lock();
+            core.control.applied.clear();
+            core.control.paused.take()
+        };
+        shared.wake_all();
+        tracing::info!(was = was.map(|m| m.as_str()), "generation continues");
+        was.is_some()
+    }
+
+    /// The current pause, if any.
+    pub fn paused(&self) -> Option<PauseMode> {
+        self.shared().lock().control.paused
+    }
+
+    /// Cancels every request in the engine (SGLang's `abort_all`); each
+    /// ends with finish reason `abort` and what it generated. Returns how
+    /// many were cancelled.
+    pub fn abort_all(&self) -> usize {
+        let n = self.shared().lock().cancel_all();
+        self.shared().wake_all();
+        n
+    }
+
+    /// Requests running or waiting in the engine (not the inbox).
+    pub fn num_requests(&self) -> usize {
+        let core = self.shared().lock();
+        core.num_running() + core.num_waiting()
+    }
+
+    /// SGLang's `flush_cache`: forgets every cached block, refused while a
+    /// request runs or waits (a retracted request may wait: it holds no
+    /// KV). Returns the device blocks freed.
+    pub fn flush_cache(&self) -> Result<usize, ControlError> {
+        let mut core = self.shared().lock();
+        let (running, waiting) = (core.num_running(), core.num_waiting());
+        let retracted = core.control.paused == Some(PauseMode::Retract);
+        let in_flight = core.in_flight.iter().any(|s| !s.is_empty());
+        if running > 0 || in_flight || (waiting > 0 && !retracted) {
+            return Err(ControlError::Busy { running, waiting });
+        }
+        let freed = core.flush_kv();
+        tracing::info!(blocks = freed, "prefix cache flushed");
+        Ok(freed)
+    }
+
+    /// Swaps in `model` (loaded by the caller, off the engine lock) between
+    /// steps; see the module docs. Blocks until done; refused, with the
+    /// old weights still serving, when the architecture differs or the
+    /// engine is paused in place with requests holding KV.
+    pub fn swap_weights(&self, model: Arc<Model>) -> Result<SwapReport, ControlError> {
+        check_compatible(self.model_config(), model.config())?;
+        let shared = self.shared();
+        {
+            let mut core = shared.lock();
+            if core.shutdown {
+                return Err(ControlError::ShuttingDown);
+            }
+            if core.control.swap.is_some() {
+                return Err(ControlError::SwapInProgress);
+            }
+            let running = core.num_running();
+            if core.control.paused == Some(PauseMode::InPlace) && running > 0 {
+                return Err(ControlError::PausedInPlace { running });
+            }
+            let n = core.replicas.num_replicas();
+            core.control.swap = Some(PendingSwap {
+                model,
+                done: vec![None; n],
+            });
+        }
+        shared.wake_all();
+        self.wait_for(|core| {
+            core.control
+                .swap
+                .as_ref()
+                .is_none_or(|s| s.done.iter().all(Option::is_some))
+        });
+        let mut core = shared.lock();
+        let Some(swap) = core.control.swap.take() else {
+            return Err(ControlError::ShuttingDown);
+        };
+        let failed = swap
+            .done
+            .into_iter()
+            .enumerate()
+            .find_map(|(replica, d)| match d {
+                Some(Err(message)) => Some(ControlError::Swap { replica, message }),
+                _ => None,
+            });
+        // Flushed even when a replica failed: blocks computed by either
+        // version must not be reused by the other.
+        let blocks_flushed = core.flush_kv();
+        let num_paused_requests = match core.control.paused {
+            Some(_) => core.num_running() + core.num_waiting(),
+            None => 0,
+        };
+        drop(core);
+        shared.wake_all();
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        tracing::info!(blocks_flushed, num_paused_requests, "weights swapped");
+        Ok(SwapReport {
+            num_paused_requests,
+            blocks_flushed,
+        })
+    }
+
+    /// Waits until `done` holds (or the engine shuts down).
+    fn wait_for(&self, done: impl Fn(&Core) -> bool) {
+        let shared = self.shared();
+        loop {
+            {
+                let core = shared.lock();
+                if core.shutdown || done(&core) {
+                    return;
+                }
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
