@@ -374,7 +374,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.tools.to_config(args.sched.program_lease_s)?,
     )?;
     state.model_root = model.root.clone();
+    state.rl.set_model_path(model.root.clone());
     state.sampling_defaults = defaults.params.clone();
+    // `/update_weights_from_disk` loads new weights as the first ones were.
+    state.weights_dtype = args.dtype.dtype;
     tracing::info!(source = %defaults.source, "default sampling: {}", defaults.summary());
     state.cpu_kernels = cpu_kernels.map(|p| p.to_string());
     state.set_parsers(

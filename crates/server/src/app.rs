@@ -28,6 +28,7 @@ use crate::listener::{serve_connections, ConnectionLimits};
 use crate::program_id::ProgramRef;
 use crate::responses::store::ResponseStore;
 use crate::routes;
+use crate::routes::sglang::control as sgl;
 use crate::tenant::ApiKeys;
 use crate::tombstone::Tombstones;
 
@@ -88,6 +89,11 @@ pub struct AppState {
     /// model's `generation_config.json` (vLLM's `--generation-config auto`,
     /// set by `agentd serve`), else [`SamplingParams::default`].
     pub sampling_defaults: SamplingParams,
+    /// The RL trainer surfaces' state: weight version, `rid`s in flight.
+    pub rl: Arc<crate::rl::RlState>,
+    /// The dtype `/update_weights_from_disk` loads new weights in (`--dtype`;
+    /// the logits do not depend on it, only the memory does).
+    pub weights_dtype: agentd_models::LoadDtype,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -188,7 +194,7 @@ impl AppState {
             tokenizer: Arc::new(tokenizer),
             template,
             model_name,
-            model_root: dir,
+            model_root: dir.clone(),
             max_model_len,
             api_keys: ApiKeys::new(api_key),
             tools,
@@ -202,7 +208,14 @@ impl AppState {
             cpu_kernels: None,
             grammar,
             sampling_defaults: SamplingParams::default(),
+            rl: Arc::new(crate::rl::RlState::new(dir.clone())),
+            weights_dtype: agentd_models::LoadDtype::Auto,
         })
+    }
+
+    /// `config.json`'s `model_type` (empty when absent).
+    pub fn model_type(&self) -> &str {
+        &self.model_type
     }
 
     /// Chooses the output parsers by vLLM's names (`--tool-call-parser`,
@@ -273,6 +286,30 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/responses/{id}/cancel", post(routes::responses::cancel))
         .route("/v1/models", get(routes::info::models))
+        // vLLM's tokenizer routes (RL trainers tokenize through the server).
+        .route("/tokenize", post(routes::tokenize::tokenize))
+        .route("/detokenize", post(routes::tokenize::detokenize))
+        // SGLang's native surface (RL trainers: routes/sglang).
+        .route(
+            "/generate",
+            post(routes::sglang::generate::generate).put(routes::sglang::generate::generate),
+        )
+        .route("/abort_request", post(sgl::abort_request))
+        .route("/pause_generation", post(sgl::pause_generation))
+        .route("/continue_generation", post(sgl::continue_generation))
+        .route("/flush_cache", get(sgl::flush_cache).post(sgl::flush_cache))
+        .route("/model_info", get(sgl::model_info))
+        .route("/get_model_info", get(sgl::model_info))
+        .route("/server_info", get(sgl::server_info))
+        .route("/get_server_info", get(sgl::server_info))
+        .route("/weight_version", get(sgl::weight_version))
+        .route("/get_weight_version", get(sgl::weight_version))
+        .route("/update_weight_version", post(sgl::update_weight_version))
+        .route("/health_generate", get(sgl::health_generate))
+        .route(
+            "/update_weights_from_disk",
+            post(sgl::update_weights_from_disk),
+        )
         .route("/metrics", get(routes::info::metrics))
         .route("/programs", get(routes::programs::list))
         .route("/programs/release", post(routes::programs::release))

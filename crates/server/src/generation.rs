@@ -97,6 +97,23 @@ impl Generation {
         self.prompt_logprobs.take()
     }
 
+    /// A handle that cancels this request from elsewhere (SGLang's
+    /// `/abort_request`): it then finishes with `abort`. `None` once done.
+    pub fn abort_handle(&self) -> Option<agentd_engine::AbortHandle> {
+        self.stream.as_ref().map(RequestStream::abort_handle)
+    }
+
+    /// Keeps special tokens' text in the output (SGLang's
+    /// `skip_special_tokens: false`); call before the first token.
+    pub fn keep_special_tokens(&mut self) {
+        self.decoder = IncrementalDecoder::new(false);
+    }
+
+    /// Prompt tokens reused from the cache (0 until the request started).
+    pub fn cached_tokens(&self) -> usize {
+        self.stream.as_ref().map_or(0, RequestStream::cached_tokens)
+    }
+
     /// The next settled piece; `None` after [`Step::Finished`].
     pub async fn next(&mut self) -> Result<Option<Step>, ApiError> {
         loop {
@@ -243,6 +260,7 @@ impl Generation {
                     bytes: token.as_bytes().to_vec(),
                     token,
                     logprob,
+                    id,
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
@@ -251,6 +269,7 @@ impl Generation {
             token,
             logprob: t.logprob.unwrap_or(f32::NAN),
             top_logprobs: top,
+            id: t.token_id,
         })
     }
 }

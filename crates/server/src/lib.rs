@@ -41,6 +41,7 @@ pub mod program_id;
 pub mod prompt_logprobs;
 pub mod protocol;
 pub mod responses;
+pub mod rl;
 pub mod routes;
 pub mod sampling;
 pub mod sse;

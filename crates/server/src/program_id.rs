@@ -2,7 +2,8 @@
 //!
 //! Order: body `program_id`, then `extra_body.program_id` (clients that send
 //! `extra_body` inline instead of merging it), then the `X-Session-ID`
-//! header, then NVIDIA Dynamo's `x-dynamo-session-id` header, then
+//! header, then NVIDIA Dynamo's `x-dynamo-session-id` header, then the
+//! SGLang Model Gateway's `X-SMG-Routing-Key`, then
 //! `nvext.agent_context.session_id`, then `.trajectory_id`: agentd's own
 //! names first, so a client that sets both is never overridden by a router.
 //! None of them makes the request a one-off program of its own. The final
@@ -21,6 +22,8 @@ pub const SESSION_HEADER: &str = "x-session-id";
 pub const DYNAMO_SESSION: &str = "x-dynamo-session-id";
 pub const DYNAMO_FINAL: &str = "x-dynamo-session-final";
 pub const DYNAMO_PARENT: &str = "x-dynamo-parent-session-id";
+/// SGLang Model Gateway's session-affinity header (`X-SMG-Routing-Key`).
+pub const SMG_ROUTING_KEY: &str = "x-smg-routing-key";
 
 /// Longest program id accepted (ids are kept in memory and on `/programs`).
 const MAX_ID_LEN: usize = 256;
@@ -114,6 +117,8 @@ pub fn resolve(c: &CommonParams, headers: &HeaderMap) -> Result<ProgramRef, ApiE
         (Some(id), "header")
     } else if let Some(id) = header(headers, DYNAMO_SESSION)? {
         (Some(id), "dynamo header")
+    } else if let Some(id) = header(headers, SMG_ROUTING_KEY)? {
+        (Some(id), "smg header")
     } else if let Some(id) = agent.and_then(|a| a.session_id.clone().or(a.trajectory_id.clone())) {
         (Some(id), "nvext")
     } else {

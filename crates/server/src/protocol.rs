@@ -210,6 +210,9 @@ pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
+    /// The token's id (SGLang's `[logprob, token_id, text]` triples).
+    #[serde(skip)]
+    pub id: u32,
 }
 
 /// One sampled token in chat `logprobs.content`.
@@ -219,6 +222,9 @@ pub struct TokenLogprob {
     pub logprob: f32,
     pub bytes: Vec<u8>,
     pub top_logprobs: Vec<TopLogprob>,
+    /// The token's id (SGLang's `[logprob, token_id, text]` triples).
+    #[serde(skip)]
+    pub id: u32,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -5,4 +5,6 @@ pub mod completions;
 pub mod info;
 pub mod programs;
 pub mod responses;
+pub mod sglang;
+pub mod tokenize;
 pub mod tools;
