@@ -37,4 +37,4 @@ pub use config::EngineConfig;
 pub use control::{ControlError, PauseMode, SwapReport};
 pub use engine::{AbortHandle, Engine, RequestStream, StartError};
 pub use kv_events::KvEventSink;
-pub use metrics::{Histogram, MetricsSnapshot};
+pub use metrics::{Counters, Histogram, MetricsSnapshot};

@@ -14,44 +14,37 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    /// vLLM's latency buckets (seconds).
-    pub fn latency() -> Self {
-        let bounds = [
-            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-        ];
+    fn with_bounds(bounds: &[f64]) -> Self {
         Self {
             buckets: bounds.iter().map(|&b| (b, 0)).collect(),
             sum: 0.0,
             count: 0,
         }
+    }
+
+    /// vLLM's latency buckets (seconds).
+    pub fn latency() -> Self {
+        Self::with_bounds(&[
+            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+        ])
     }
 
     /// Buckets for the phases of a step (the model forward, sampling),
     /// 100 µs to 10 s.
     pub fn step_phase() -> Self {
-        let bounds = [
+        Self::with_bounds(&[
             1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5,
             10.0,
-        ];
-        Self {
-            buckets: bounds.iter().map(|&b| (b, 0)).collect(),
-            sum: 0.0,
-            count: 0,
-        }
+        ])
     }
 
     /// Buckets for how long the engine lock is held, 5 µs to 1 s: the lock
     /// guards bookkeeping only, so its p99 should sit in the first buckets.
     pub fn lock_hold() -> Self {
-        let bounds = [
+        Self::with_bounds(&[
             5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0,
-        ];
-        Self {
-            buckets: bounds.iter().map(|&b| (b, 0)).collect(),
-            sum: 0.0,
-            count: 0,
-        }
+        ])
     }
 
     /// The upper bound of the bucket holding quantile `q` (Prometheus'
@@ -75,22 +68,20 @@ impl Histogram {
     }
 }
 
-/// A point-in-time view of the engine for `/metrics`.
+/// What the engine counts as it happens: each field is updated at the one
+/// place its event occurs (a submission routed, a token committed, a lock
+/// section ended) and copied whole into each [`MetricsSnapshot`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct MetricsSnapshot {
-    pub num_requests_running: usize,
-    pub num_requests_waiting: usize,
-    /// Referenced blocks / all blocks, over all replicas (0..1).
-    pub kv_cache_usage: f64,
-    pub prefix_cache_queries: u64,
-    pub prefix_cache_hits: u64,
-    pub num_preemptions: u64,
+pub struct Counters {
+    /// Prompt tokens of every request routed.
     pub prompt_tokens: u64,
+    /// Tokens sampled and committed.
     pub generation_tokens: u64,
-    pub block_size: usize,
-    /// Blocks per replica.
-    pub num_gpu_blocks: usize,
+    /// Requests finished, for any reason.
+    pub requests_finished: u64,
+    /// Time from a request's arrival to its first token.
     pub ttft_s: Histogram,
+    /// Time from a request's arrival to its end.
     pub e2e_s: Histogram,
     /// Time from a request's arrival to its first start on a replica.
     pub queue_wait_s: Histogram,
@@ -110,37 +101,6 @@ pub struct MetricsSnapshot {
     pub sample_s: Histogram,
     /// Tokens planned into steps, and the token budget those steps had
     /// (their ratio is the batch fill).
-    pub batch_tokens: u64,
-    pub batch_budget: u64,
-    /// Programs paused because blocks ran out while planning a step.
-    pub exhaustion_preemptions: u64,
-    /// `(phase, state, count)` of live programs.
-    pub programs: Vec<(&'static str, &'static str, usize)>,
-    pub pauses: u64,
-    pub restores: u64,
-    pub recomputed_tokens: u64,
-    /// Blocks copied to the host tier, and back, so far; host slots in use
-    /// and in all (0 without a host tier).
-    pub kv_offloaded_blocks: u64,
-    pub kv_onloaded_blocks: u64,
-    pub host_blocks_used: usize,
-    pub host_blocks: usize,
-    pub requests_finished: u64,
-}
-
-/// Counters kept by the engine core.
-#[derive(Debug, Clone)]
-pub(crate) struct Counters {
-    pub prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub requests_finished: u64,
-    pub ttft_s: Histogram,
-    pub e2e_s: Histogram,
-    pub queue_wait_s: Histogram,
-    pub lock_hold_s: Histogram,
-    pub lock_idle_hold_s: Histogram,
-    pub forward_s: Histogram,
-    pub sample_s: Histogram,
     pub batch_tokens: u64,
     pub batch_budget: u64,
 }
@@ -164,42 +124,36 @@ impl Default for Counters {
     }
 }
 
-impl Default for MetricsSnapshot {
-    /// An engine that has done nothing yet.
-    fn default() -> Self {
-        let c = Counters::default();
-        Self {
-            num_requests_running: 0,
-            num_requests_waiting: 0,
-            kv_cache_usage: 0.0,
-            prefix_cache_queries: 0,
-            prefix_cache_hits: 0,
-            num_preemptions: 0,
-            prompt_tokens: 0,
-            generation_tokens: 0,
-            block_size: 0,
-            num_gpu_blocks: 0,
-            ttft_s: c.ttft_s,
-            e2e_s: c.e2e_s,
-            queue_wait_s: c.queue_wait_s,
-            lock_hold_s: c.lock_hold_s,
-            lock_idle_hold_s: c.lock_idle_hold_s,
-            forward_s: c.forward_s,
-            sample_s: c.sample_s,
-            batch_tokens: 0,
-            batch_budget: 0,
-            exhaustion_preemptions: 0,
-            programs: Vec::new(),
-            pauses: 0,
-            restores: 0,
-            recomputed_tokens: 0,
-            kv_offloaded_blocks: 0,
-            kv_onloaded_blocks: 0,
-            host_blocks_used: 0,
-            host_blocks: 0,
-            requests_finished: 0,
-        }
-    }
+/// A point-in-time view of the engine for `/metrics`: the engine's own
+/// [`Counters`], and what is read off the KV pools, the policy and the
+/// program table when the snapshot is built. The default is an engine that
+/// has done nothing yet.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MetricsSnapshot {
+    pub counters: Counters,
+    pub num_requests_running: usize,
+    pub num_requests_waiting: usize,
+    /// Referenced blocks / all blocks, over all replicas (0..1).
+    pub kv_cache_usage: f64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub block_size: usize,
+    /// Blocks per replica.
+    pub num_gpu_blocks: usize,
+    /// Programs paused because blocks ran out while planning a step.
+    pub exhaustion_preemptions: u64,
+    /// `(phase, state, count)` of live programs.
+    pub programs: Vec<(&'static str, &'static str, usize)>,
+    /// Every pause, whatever its cause (vLLM's preemptions).
+    pub pauses: u64,
+    pub restores: u64,
+    pub recomputed_tokens: u64,
+    /// Blocks copied to the host tier, and back, so far; host slots in use
+    /// and in all (0 without a host tier).
+    pub kv_offloaded_blocks: u64,
+    pub kv_onloaded_blocks: u64,
+    pub host_blocks_used: usize,
+    pub host_blocks: usize,
 }
 
 impl Core {
@@ -233,27 +187,15 @@ impl Core {
                 None => programs.push((s.phase, s.state, 1)),
             }
         }
-        let c = &self.counters;
         let metrics = MetricsSnapshot {
+            counters: self.counters.clone(),
             num_requests_running: self.num_running(),
             num_requests_waiting: self.num_waiting(),
             kv_cache_usage: referenced as f64 / total.max(1) as f64,
             prefix_cache_queries: queries,
             prefix_cache_hits: hits,
-            num_preemptions: stats.total_pauses(),
-            prompt_tokens: c.prompt_tokens,
-            generation_tokens: c.generation_tokens,
             block_size: self.cfg.block_size,
             num_gpu_blocks: self.cfg.num_blocks,
-            ttft_s: c.ttft_s.clone(),
-            e2e_s: c.e2e_s.clone(),
-            queue_wait_s: c.queue_wait_s.clone(),
-            lock_hold_s: c.lock_hold_s.clone(),
-            lock_idle_hold_s: c.lock_idle_hold_s.clone(),
-            forward_s: c.forward_s.clone(),
-            sample_s: c.sample_s.clone(),
-            batch_tokens: c.batch_tokens,
-            batch_budget: c.batch_budget,
             exhaustion_preemptions: self.replicas.stats().exhaustion_preemptions,
             programs,
             pauses: stats.total_pauses(),
@@ -263,7 +205,6 @@ impl Core {
             kv_onloaded_blocks: onloaded,
             host_blocks_used: host_used,
             host_blocks: host_total,
-            requests_finished: c.requests_finished,
         };
         Snapshot {
             metrics,

@@ -1,147 +1,159 @@
-//! `/metrics`: the engine's snapshot in Prometheus text exposition format,
-//! under vLLM's metric names (so dashboards and `agentd bench` read agentd
-//! and vLLM alike) plus agentd's program gauges.
+//! `/metrics`: the engine's snapshot in Prometheus text exposition format
+//! (0.0.4), under vLLM's metric names (so dashboards and `agentd bench`
+//! read agentd and vLLM alike) plus agentd's program gauges.
+//!
+//! Every family is one row of a table (name, type, help, how its samples
+//! are read) and the text is generated from the tables by one loop. Why a
+//! table and not a Prometheus library (checked 2026-12-03 against the
+//! crates' sources):
+//! - `prometheus-client` 0.26, the Prometheus project's Rust client, cannot
+//!   write vLLM's counters byte for byte: it appends `_total` to a
+//!   counter's samples itself and refuses a registered name that ends in
+//!   `_total`, so `# TYPE vllm:prompt_tokens_total counter` comes out as
+//!   `# TYPE vllm:prompt_tokens counter`; it appends "." to every help
+//!   text, writes floats with `dtoa` (`le="1.0"` where this text has
+//!   `le="1"`) and ends with OpenMetrics' `# EOF`. Colons it accepts.
+//! - `prometheus` 0.14 (TiKV's) writes the names as given, but sorts the
+//!   families by name and puts a registry's labels on every family
+//!   (`vllm:cache_config_info` has no `model_name`); and most values here
+//!   are not events the engine sees but state read when a snapshot is
+//!   built (running and waiting requests, KV usage, programs by phase, the
+//!   policy's and the pools' own counters), which it would read through a
+//!   custom collector over the same snapshot: it would only format text.
+//!
+//! The engine records its own counts where they happen
+//! ([`agentd_engine::Counters`]); each count has one field, read by its
+//! rows here (vLLM's `num_preemptions_total` and agentd's
+//! `program_pauses_total` are the same count, every pause).
 
 use std::fmt::Write;
 
 use agentd_engine::{Histogram, MetricsSnapshot};
 use agentd_tools::ToolMetrics;
 
-/// Renders `m` for the served model `model`.
-pub fn render(m: &MetricsSnapshot, model: &str) -> String {
-    let mut out = String::with_capacity(4096);
-    let label = format!("model_name=\"{}\"", escape(model));
-    let mut scalar = |name: &str, kind: &str, help: &str, value: f64| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        let _ = writeln!(out, "{name}{{{label}}} {}", num(value));
-    };
-    scalar(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        m.num_requests_running as f64,
-    );
-    scalar(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        m.num_requests_waiting as f64,
-    );
-    scalar(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        m.kv_cache_usage,
-    );
-    scalar(
-        "vllm:prefix_cache_queries_total",
-        "counter",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        m.prefix_cache_queries as f64,
-    );
-    scalar(
-        "vllm:prefix_cache_hits_total",
-        "counter",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        m.prefix_cache_hits as f64,
-    );
-    scalar(
-        "vllm:num_preemptions_total",
-        "counter",
-        "Cumulative number of preemptions from the engine.",
-        m.num_preemptions as f64,
-    );
-    scalar(
-        "vllm:prompt_tokens_total",
-        "counter",
-        "Number of prefill tokens processed.",
-        m.prompt_tokens as f64,
-    );
-    scalar(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Number of generation tokens processed.",
-        m.generation_tokens as f64,
-    );
-    scalar(
-        "agentd:requests_finished_total",
-        "counter",
-        "Requests finished (any reason).",
-        m.requests_finished as f64,
-    );
-    scalar(
-        "agentd:program_pauses_total",
-        "counter",
-        "Programs paused by the scheduler (their KV released).",
-        m.pauses as f64,
-    );
-    scalar(
-        "agentd:program_restores_total",
-        "counter",
-        "Paused programs restored.",
-        m.restores as f64,
-    );
-    scalar(
-        "agentd:recomputed_tokens_total",
-        "counter",
-        "Prompt tokens prefilled again because their KV had been lost.",
-        m.recomputed_tokens as f64,
-    );
-    scalar(
-        "agentd:kv_offloaded_blocks_total",
-        "counter",
-        "Cached KV blocks copied to the host tier as the device pool evicted them.",
-        m.kv_offloaded_blocks as f64,
-    );
-    scalar(
-        "agentd:kv_onloaded_blocks_total",
-        "counter",
-        "KV blocks copied back from the host tier by a prefix match (not recomputed).",
-        m.kv_onloaded_blocks as f64,
-    );
-    scalar(
-        "agentd:kv_host_usage_perc",
-        "gauge",
-        "Fraction of the host tier's blocks holding cached content (0 without one).",
-        m.host_blocks_used as f64 / m.host_blocks.max(1) as f64,
-    );
-    scalar(
-        "agentd:exhaustion_preemptions_total",
-        "counter",
-        "Programs paused because KV blocks ran out while planning a step.",
-        m.exhaustion_preemptions as f64,
-    );
-    scalar(
-        "agentd:batch_tokens_total",
-        "counter",
-        "Tokens planned into engine steps (prefill chunks and decode).",
-        m.batch_tokens as f64,
-    );
-    scalar(
-        "agentd:batch_budget_tokens_total",
-        "counter",
-        "Token budget of the engine steps that ran (batch fill = tokens / budget).",
-        m.batch_budget as f64,
-    );
+/// How a family's samples are read from its source `S`.
+enum Get<S: ?Sized> {
+    /// One sample, labelled with the model.
+    Value(fn(&S) -> f64),
+    /// A histogram, labelled with the model.
+    Histogram(fn(&S) -> &Histogram),
+    /// Samples with labels of their own (`name="value",...`), after the
+    /// model's label when `model` is set.
+    Series {
+        model: bool,
+        get: fn(&S) -> Vec<(String, f64)>,
+    },
+}
 
-    let _ = writeln!(
-        out,
-        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig"
-    );
-    let _ = writeln!(out, "# TYPE vllm:cache_config_info gauge");
-    let _ = writeln!(
-        out,
-        "vllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
-        m.block_size, m.num_gpu_blocks
-    );
+/// One metric family: a row of a table.
+struct Family<S: ?Sized> {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    get: Get<S>,
+}
 
-    let _ = writeln!(
-        out,
-        "# HELP agentd:programs Live programs by phase and state."
-    );
-    let _ = writeln!(out, "# TYPE agentd:programs gauge");
-    // Always show the main combinations so a scrape sees zeros, not gaps.
+const fn value<S: ?Sized>(
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    get: fn(&S) -> f64,
+) -> Family<S> {
+    Family {
+        name,
+        kind,
+        help,
+        get: Get::Value(get),
+    }
+}
+
+const fn histogram<S: ?Sized>(
+    name: &'static str,
+    help: &'static str,
+    get: fn(&S) -> &Histogram,
+) -> Family<S> {
+    Family {
+        name,
+        kind: "histogram",
+        help,
+        get: Get::Histogram(get),
+    }
+}
+
+const GAUGE: &str = "gauge";
+const COUNTER: &str = "counter";
+
+/// The engine's families, in the order they are written.
+#[rustfmt::skip]
+const ENGINE: &[Family<MetricsSnapshot>] = &[
+    value("vllm:num_requests_running", GAUGE, "Number of requests in model execution batches.", |m| m.num_requests_running as f64),
+    value("vllm:num_requests_waiting", GAUGE, "Number of requests waiting to be processed.", |m| m.num_requests_waiting as f64),
+    value("vllm:kv_cache_usage_perc", GAUGE, "KV-cache usage. 1 means 100 percent usage.", |m| m.kv_cache_usage),
+    value("vllm:prefix_cache_queries_total", COUNTER, "Prefix cache queries, in terms of number of queried tokens.", |m| m.prefix_cache_queries as f64),
+    value("vllm:prefix_cache_hits_total", COUNTER, "Prefix cache hits, in terms of number of cached tokens.", |m| m.prefix_cache_hits as f64),
+    value("vllm:num_preemptions_total", COUNTER, "Cumulative number of preemptions from the engine.", |m| m.pauses as f64),
+    value("vllm:prompt_tokens_total", COUNTER, "Number of prefill tokens processed.", |m| m.counters.prompt_tokens as f64),
+    value("vllm:generation_tokens_total", COUNTER, "Number of generation tokens processed.", |m| m.counters.generation_tokens as f64),
+    value("agentd:requests_finished_total", COUNTER, "Requests finished (any reason).", |m| m.counters.requests_finished as f64),
+    value("agentd:program_pauses_total", COUNTER, "Programs paused by the scheduler (their KV released).", |m| m.pauses as f64),
+    value("agentd:program_restores_total", COUNTER, "Paused programs restored.", |m| m.restores as f64),
+    value("agentd:recomputed_tokens_total", COUNTER, "Prompt tokens prefilled again because their KV had been lost.", |m| m.recomputed_tokens as f64),
+    value("agentd:kv_offloaded_blocks_total", COUNTER, "Cached KV blocks copied to the host tier as the device pool evicted them.", |m| m.kv_offloaded_blocks as f64),
+    value("agentd:kv_onloaded_blocks_total", COUNTER, "KV blocks copied back from the host tier by a prefix match (not recomputed).", |m| m.kv_onloaded_blocks as f64),
+    value("agentd:kv_host_usage_perc", GAUGE, "Fraction of the host tier's blocks holding cached content (0 without one).", |m| m.host_blocks_used as f64 / m.host_blocks.max(1) as f64),
+    value("agentd:exhaustion_preemptions_total", COUNTER, "Programs paused because KV blocks ran out while planning a step.", |m| m.exhaustion_preemptions as f64),
+    value("agentd:batch_tokens_total", COUNTER, "Tokens planned into engine steps (prefill chunks and decode).", |m| m.counters.batch_tokens as f64),
+    value("agentd:batch_budget_tokens_total", COUNTER, "Token budget of the engine steps that ran (batch fill = tokens / budget).", |m| m.counters.batch_budget as f64),
+    Family {
+        name: "vllm:cache_config_info",
+        kind: GAUGE,
+        help: "Information of the LLMEngine CacheConfig",
+        get: Get::Series {
+            model: false,
+            get: |m| vec![(format!("block_size=\"{}\",num_gpu_blocks=\"{}\"", m.block_size, m.num_gpu_blocks), 1.0)],
+        },
+    },
+    Family {
+        name: "agentd:programs",
+        kind: GAUGE,
+        help: "Live programs by phase and state.",
+        get: Get::Series {
+            model: true,
+            get: programs,
+        },
+    },
+    histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", |m| &m.counters.ttft_s),
+    histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", |m| &m.counters.e2e_s),
+    histogram("vllm:request_queue_time_seconds", "Histogram of time from a request's arrival to its first start on a replica.", |m| &m.counters.queue_wait_s),
+    histogram("agentd:engine_lock_hold_seconds", "Histogram of how long each critical section held the engine lock (plans with work, commits, releases; idle re-plans excluded).", |m| &m.counters.lock_hold_s),
+    histogram("agentd:engine_lock_idle_hold_seconds", "Histogram of how long idle re-plans (nothing to run, nothing changed) held the engine lock.", |m| &m.counters.lock_idle_hold_s),
+    histogram("agentd:step_forward_seconds", "Histogram of each step's model forward (logits included).", |m| &m.counters.forward_s),
+    histogram("agentd:step_sampling_seconds", "Histogram of each step's sampling of its logits rows (outside the engine lock).", |m| &m.counters.sample_s),
+];
+
+/// The tool-resource counters (docs/design.md §10), after the engine's.
+#[rustfmt::skip]
+const TOOLS: &[Family<ToolMetrics>] = &[
+    value("agentd:tool_resources_reclaimed_total", COUNTER, "Tool resources reclaimed after their last owner program ended.", |m| m.reclaimed_total as f64),
+    value("agentd:tool_resources_failed_total", COUNTER, "Tool resources whose reclaim failed after every retry.", |m| m.failed_total as f64),
+    value("agentd:tool_resources_live", GAUGE, "Declared tool resources not yet reclaimed (live or reclaiming).", |m| m.live as f64),
+];
+
+/// The CPU kernel path (a string the binary hands in, so the server knows
+/// nothing of the kernels), as an info gauge.
+const CPU_KERNELS: &[Family<str>] = &[Family {
+    name: "agentd:cpu_kernels_info",
+    kind: GAUGE,
+    help: "The CPU kernel path the model runs on (AGENTD_CPU_KERNELS or detected).",
+    get: Get::Series {
+        model: false,
+        get: |path| vec![(format!("path=\"{}\"", escape(path)), 1.0)],
+    },
+}];
+
+/// Live programs by phase and state: the main combinations always, so a
+/// scrape sees zeros rather than gaps.
+fn programs(m: &MetricsSnapshot) -> Vec<(String, f64)> {
     let mut rows: Vec<(&str, &str, usize)> = vec![
         ("reasoning", "active", 0),
         ("acting", "active", 0),
@@ -154,119 +166,68 @@ pub fn render(m: &MetricsSnapshot, model: &str) -> String {
             None => rows.push((phase, state, n)),
         }
     }
-    for (phase, state, n) in rows {
-        let _ = writeln!(
-            out,
-            "agentd:programs{{{label},phase=\"{}\",state=\"{}\"}} {n}",
-            escape(phase),
-            escape(state)
-        );
-    }
-
-    histogram(
-        &mut out,
-        "vllm:time_to_first_token_seconds",
-        "Histogram of time to first token in seconds.",
-        &label,
-        &m.ttft_s,
-    );
-    histogram(
-        &mut out,
-        "vllm:e2e_request_latency_seconds",
-        "Histogram of end to end request latency in seconds.",
-        &label,
-        &m.e2e_s,
-    );
-    histogram(
-        &mut out,
-        "vllm:request_queue_time_seconds",
-        "Histogram of time from a request's arrival to its first start on a replica.",
-        &label,
-        &m.queue_wait_s,
-    );
-    histogram(
-        &mut out,
-        "agentd:engine_lock_hold_seconds",
-        "Histogram of how long each critical section held the engine lock (plans with work, commits, releases; idle re-plans excluded).",
-        &label,
-        &m.lock_hold_s,
-    );
-    histogram(
-        &mut out,
-        "agentd:engine_lock_idle_hold_seconds",
-        "Histogram of how long idle re-plans (nothing to run, nothing changed) held the engine lock.",
-        &label,
-        &m.lock_idle_hold_s,
-    );
-    histogram(
-        &mut out,
-        "agentd:step_forward_seconds",
-        "Histogram of each step's model forward (logits included).",
-        &label,
-        &m.forward_s,
-    );
-    histogram(
-        &mut out,
-        "agentd:step_sampling_seconds",
-        "Histogram of each step's sampling of its logits rows (outside the engine lock).",
-        &label,
-        &m.sample_s,
-    );
-    out
+    rows.into_iter()
+        .map(|(phase, state, n)| {
+            let labels = format!("phase=\"{}\",state=\"{}\"", escape(phase), escape(state));
+            (labels, n as f64)
+        })
+        .collect()
 }
 
-/// The tool-resource counters (docs/design.md §10), appended after the engine's.
+/// Renders `m` for the served model `model`.
+pub fn render(m: &MetricsSnapshot, model: &str) -> String {
+    write_families(ENGINE, m, model)
+}
+
+/// The tool-resource counters, appended after the engine's.
 pub fn render_tools(m: &ToolMetrics, model: &str) -> String {
-    let mut out = String::with_capacity(512);
-    let label = format!("model_name=\"{}\"", escape(model));
-    for (name, kind, help, v) in [
-        (
-            "agentd:tool_resources_reclaimed_total",
-            "counter",
-            "Tool resources reclaimed after their last owner program ended.",
-            m.reclaimed_total,
-        ),
-        (
-            "agentd:tool_resources_failed_total",
-            "counter",
-            "Tool resources whose reclaim failed after every retry.",
-            m.failed_total,
-        ),
-        (
-            "agentd:tool_resources_live",
-            "gauge",
-            "Declared tool resources not yet reclaimed (live or reclaiming).",
-            m.live as u64,
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        let _ = writeln!(out, "{name}{{{label}}} {v}");
+    write_families(TOOLS, m, model)
+}
+
+/// The CPU kernel path the model runs on.
+pub fn render_cpu_kernels(path: &str) -> String {
+    write_families(CPU_KERNELS, path, "")
+}
+
+/// The text of `table`'s families read from `src`: `# HELP`, `# TYPE`,
+/// then the samples, each labelled `model_name` unless the row says not.
+fn write_families<S: ?Sized>(table: &[Family<S>], src: &S, model: &str) -> String {
+    let mut out = String::with_capacity(256 * table.len());
+    let model = format!("model_name=\"{}\"", escape(model));
+    for f in table {
+        let name = f.name;
+        let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {}", f.help, f.kind);
+        match &f.get {
+            Get::Value(get) => sample(&mut out, name, &model, get(src)),
+            Get::Histogram(get) => {
+                let h = get(src);
+                let bucket = format!("{name}_bucket");
+                for &(le, count) in &h.buckets {
+                    let labels = format!("{model},le=\"{}\"", num(le));
+                    sample(&mut out, &bucket, &labels, count as f64);
+                }
+                sample(
+                    &mut out,
+                    &bucket,
+                    &format!("{model},le=\"+Inf\""),
+                    h.count as f64,
+                );
+                sample(&mut out, &format!("{name}_sum"), &model, h.sum);
+                sample(&mut out, &format!("{name}_count"), &model, h.count as f64);
+            }
+            Get::Series { model: with, get } => {
+                for (own, v) in get(src) {
+                    let labels = if *with { format!("{model},{own}") } else { own };
+                    sample(&mut out, name, &labels, v);
+                }
+            }
+        }
     }
     out
 }
 
-/// The CPU kernel path the model runs on, as an info gauge (a string the
-/// binary hands in, so the server knows nothing of the kernels).
-pub fn render_cpu_kernels(path: &str) -> String {
-    let name = "agentd:cpu_kernels_info";
-    format!(
-        "# HELP {name} The CPU kernel path the model runs on (AGENTD_CPU_KERNELS or detected).\n\
-         # TYPE {name} gauge\n\
-         {name}{{path=\"{}\"}} 1\n",
-        escape(path)
-    )
-}
-
-fn histogram(out: &mut String, name: &str, help: &str, label: &str, h: &Histogram) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} histogram");
-    for &(le, count) in &h.buckets {
-        let _ = writeln!(out, "{name}_bucket{{{label},le=\"{}\"}} {count}", num(le));
-    }
-    let _ = writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(out, "{name}_sum{{{label}}} {}", num(h.sum));
-    let _ = writeln!(out, "{name}_count{{{label}}} {}", h.count);
+fn sample(out: &mut String, name: &str, labels: &str, v: f64) {
+    let _ = writeln!(out, "{name}{{{labels}}} {}", num(v));
 }
 
 /// Prometheus number formatting (Rust prints `inf`/`NaN` differently).
@@ -290,31 +251,29 @@ fn escape(v: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use agentd_engine::Counters;
+
     use super::*;
 
     fn snapshot() -> MetricsSnapshot {
-        let mut ttft = Histogram::latency();
-        ttft.observe(0.02);
+        let mut counters = Counters {
+            prompt_tokens: 100,
+            generation_tokens: 7,
+            batch_tokens: 90,
+            batch_budget: 100,
+            requests_finished: 1,
+            ..Counters::default()
+        };
+        counters.ttft_s.observe(0.02);
         MetricsSnapshot {
+            counters,
             num_requests_running: 1,
             num_requests_waiting: 2,
             kv_cache_usage: 0.25,
             prefix_cache_queries: 100,
             prefix_cache_hits: 40,
-            num_preemptions: 3,
-            prompt_tokens: 100,
-            generation_tokens: 7,
             block_size: 16,
             num_gpu_blocks: 64,
-            ttft_s: ttft,
-            e2e_s: Histogram::latency(),
-            queue_wait_s: Histogram::latency(),
-            lock_hold_s: Histogram::lock_hold(),
-            lock_idle_hold_s: Histogram::lock_hold(),
-            forward_s: Histogram::step_phase(),
-            sample_s: Histogram::step_phase(),
-            batch_tokens: 90,
-            batch_budget: 100,
             exhaustion_preemptions: 2,
             programs: vec![("acting", "active", 2), ("reasoning", "terminated", 1)],
             pauses: 4,
@@ -324,7 +283,6 @@ mod tests {
             kv_onloaded_blocks: 3,
             host_blocks_used: 1,
             host_blocks: 4,
-            requests_finished: 1,
         }
     }
 
@@ -338,7 +296,7 @@ mod tests {
             format!("vllm:kv_cache_usage_perc{{{l}}} 0.25"),
             format!("vllm:prefix_cache_queries_total{{{l}}} 100"),
             format!("vllm:prefix_cache_hits_total{{{l}}} 40"),
-            format!("vllm:num_preemptions_total{{{l}}} 3"),
+            format!("vllm:num_preemptions_total{{{l}}} 4"),
             format!("vllm:prompt_tokens_total{{{l}}} 100"),
             format!("vllm:generation_tokens_total{{{l}}} 7"),
             "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"64\"} 1".to_string(),
