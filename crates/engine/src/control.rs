@@ -150,6 +150,9 @@ impl Core {
             PauseMode::Retract if first => {
                 let now = self.now();
                 let retracted = self.replicas.retract(r, now);
+                for &p in &retracted {
+                    self.note_pause(p, crate::trace::RETRACTED);
+                }
                 tracing::info!(
                     replica = r,
                     programs = retracted.len(),

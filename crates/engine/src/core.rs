@@ -15,11 +15,13 @@ use agentd_scheduler::{build_policy, Contexts, GroupId, ReplicaSet, ToolId};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::debug;
 use tracing::error;
+use tracing::Span;
 
 use crate::inbox::{Released, Submitted};
 use crate::metrics::Counters;
 use crate::outbox::Outbox;
 use crate::prompt_lp::{PromptLp, PromptRows};
+use crate::trace::{self, Cause, Mark};
 use crate::{EndReason, EngineConfig, Event, FinishReason, ProgramEnded, Usage};
 
 /// State a request shares with its caller's [`crate::RequestStream`].
@@ -59,6 +61,8 @@ pub(crate) struct Req {
     /// The prompt's logprobs, when the request asked for them
     /// (`SamplingParams::prompt_logprobs`).
     pub prompt_lp: Option<PromptLp>,
+    /// Its `request` span ([`crate::trace`]).
+    pub span: Span,
 }
 
 impl Req {
@@ -90,6 +94,9 @@ pub(crate) struct Prog {
     pub steps: u64,
     /// The program that spawned it (`GenerateRequest::parent_program`).
     pub parent_program: Option<String>,
+    /// Paused (why, since when) and not started again: its next start is
+    /// a restore ([`crate::trace`]).
+    pub paused: Option<(Cause, Instant)>,
 }
 
 /// A sequence planned into a step.
@@ -104,6 +111,12 @@ pub(crate) struct SeqPlan {
     /// Set when this chunk computes prompt positions whose logprobs the
     /// request wants: every new token's logits are then computed.
     pub prompt: Option<PromptRows>,
+    /// A decode step (one token), not a prefill chunk.
+    pub decoding: bool,
+    /// The request's span, which the step's span follows from (an id, not
+    /// a handle: the request cannot end while its step runs, its program
+    /// being in flight).
+    pub span: Option<tracing::Id>,
 }
 
 impl SeqPlan {
@@ -242,16 +255,14 @@ impl Core {
         if sub.released != Released::No {
             // Released before any worker saw it: what a release right after
             // it reached the engine would have done.
-            self.outbox.push(
-                &sub.tx,
-                Event::Finished {
-                    reason: FinishReason::Cancelled,
-                    usage: Usage {
-                        prompt_tokens: sub.prompt.len(),
-                        ..Usage::default()
-                    },
-                },
-            );
+            let usage = Usage {
+                prompt_tokens: sub.prompt.len(),
+                ..Usage::default()
+            };
+            let reason = FinishReason::Cancelled;
+            self.outbox.push(&sub.tx, Event::Finished { reason, usage });
+            self.outbox
+                .mark_owned(sub.span, Mark::Finished { reason, usage });
             if let (Released::CancelAndAnnounce, Some(name)) = (sub.released, sub.program) {
                 self.announce_end(ProgramEnded {
                     id: name,
@@ -290,6 +301,7 @@ impl Core {
             group: sub.group,
             tool: sub.tool,
             prompt_lp,
+            span: sub.span,
         };
         let Some(prog) = self.programs.get_mut(&p) else {
             return;
@@ -329,28 +341,62 @@ impl Core {
     /// once if the program is active somewhere.
     fn route(&mut self, p: ProgramId) {
         let now = self.now();
-        if let Some(st) = self.replicas.on_request(p, now, &Requests(&self.programs)) {
-            self.note_start(st);
+        match self.replicas.on_request(p, now, &Requests(&self.programs)) {
+            Some(st) => self.note_start(st),
+            None => {
+                let waiting = self.num_waiting();
+                if let Some(req) = self.programs.get(&p).and_then(|q| q.current.as_ref()) {
+                    self.outbox.mark(&req.span, Mark::Queued { waiting });
+                }
+            }
         }
     }
 
     /// Records what a (re)start reused: the prompt tokens served from the
-    /// cache when the request first started (its usage).
+    /// cache when the request first started (its usage); traces the
+    /// admission, or the restore when the program had been paused.
     fn note_start(&mut self, st: agentd_scheduler::Started) {
-        let Some(req) = self
-            .programs
-            .get_mut(&st.program)
-            .and_then(|q| q.current.as_mut())
-        else {
+        let Some(prog) = self.programs.get_mut(&st.program) else {
             return;
         };
+        let paused = prog.paused.take();
+        let Some(req) = prog.current.as_mut() else {
+            return;
+        };
+        let (replica, cached_tokens) = (st.replica, st.matched.cached_tokens);
         if req.cached_tokens.is_none() {
-            let cached = st.matched.cached_tokens.min(req.prompt_len);
+            let cached = cached_tokens.min(req.prompt_len);
             req.cached_tokens = Some(cached);
             req.signals.cached_tokens.store(cached, Ordering::Relaxed);
-            self.counters
-                .queue_wait_s
-                .observe(req.arrived.elapsed().as_secs_f64());
+            let queue_s = req.arrived.elapsed().as_secs_f64();
+            self.counters.queue_wait_s.observe(queue_s);
+            let admitted = Mark::Admitted {
+                replica,
+                cached_tokens: cached,
+                queue_s,
+            };
+            self.outbox.mark(&req.span, admitted);
+        }
+        if let Some((cause, since)) = paused {
+            let restored = Mark::Restored {
+                replica,
+                cached_tokens,
+                cause,
+                paused_s: since.elapsed().as_secs_f64(),
+            };
+            self.outbox.mark(&req.span, restored);
+        }
+    }
+
+    /// `p` was paused (its KV released) for `cause`: traced on its request
+    /// if one is in flight, and as the cause of its next start's restore.
+    pub(crate) fn note_pause(&mut self, p: ProgramId, cause: Cause) {
+        let Some(prog) = self.programs.get_mut(&p) else {
+            return;
+        };
+        prog.paused.get_or_insert((cause, Instant::now()));
+        if let Some(req) = &prog.current {
+            self.outbox.mark(&req.span, Mark::Paused { cause });
         }
     }
 
@@ -359,8 +405,16 @@ impl Core {
     pub fn plan(&mut self, r: usize) -> StepBatch {
         let now = self.now();
         let mut changed = self.finish_cancelled(r);
+        let before = agentd_scheduler::Policy::stats(&self.replicas.policy);
         let sched = self.replicas.schedule(r, now, &Requests(&self.programs));
         changed |= !(sched.expired.is_empty() && sched.decision.is_empty());
+        if !sched.decision.pause.is_empty() {
+            let after = agentd_scheduler::Policy::stats(&self.replicas.policy);
+            let cause = trace::pause_cause(&before, &after);
+            for &p in &sched.decision.pause {
+                self.note_pause(p, cause);
+            }
+        }
         for p in sched.expired {
             if let Some(prog) = self.programs.get_mut(&p) {
                 prog.release_pending = true;
@@ -379,6 +433,9 @@ impl Core {
             .replicas
             .plan_batch(r, now, budget, &Requests(&self.programs));
         changed |= !(step.seqs.is_empty() && step.preempted.is_empty());
+        for &p in &step.preempted {
+            self.note_pause(p, trace::KV_EXHAUSTED);
+        }
         if !step.seqs.is_empty() {
             self.counters.batch_budget += budget as u64;
             self.counters.batch_tokens += (budget - step.budget_left) as u64;
@@ -413,6 +470,8 @@ impl Core {
                     .prompt_lp
                     .as_ref()
                     .and_then(|lp| lp.rows(&req.tokens, req.prompt_len, from, to)),
+                decoding: s.decoding,
+                span: req.span.id(),
             });
         }
         self.in_flight[r] = plan.iter().map(|s| s.program).collect();
@@ -570,6 +629,7 @@ mod tests {
             signals: Arc::new(Signals::default()),
             arrived: Instant::now(),
             released: Released::No,
+            span: Span::none(),
         };
         (sub, rx)
     }

@@ -245,8 +245,22 @@ impl Engine {
     /// state) are O(prompt), done here without the engine lock; the request
     /// then goes into the inbox, and a worker routes it (prefix matching)
     /// at its next step. Refuses with `Overloaded` when too many requests
-    /// already wait. Never waits for the engine lock.
+    /// already wait. Never waits for the engine lock. Traced under a
+    /// `request` span of its own ([`Engine::submit_traced`]).
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        let span = crate::request_span(None, req.program.as_deref(), None, req.prompt.len());
+        self.submit_traced(req, span)
+    }
+
+    /// [`Engine::submit`] under `span`, the request's span made by the
+    /// caller ([`crate::request_span`]: the server's, with its request id
+    /// and tenant); the engine records the request's queueing, admission,
+    /// pauses, restores and end on it, and its steps follow from it.
+    pub fn submit_traced(
+        &self,
+        req: GenerateRequest,
+        span: tracing::Span,
+    ) -> Result<RequestStream, EngineError> {
         let (shared, limit) = (&self.inner.shared, self.inner.max_waiting);
         shared.inbox.check(limit)?;
         self.validate(&req)?;
@@ -273,6 +287,7 @@ impl Engine {
             signals: signals.clone(),
             arrived: Instant::now(),
             released: Released::No,
+            span,
         };
         shared.inbox.push(sub, limit)?;
         shared.wake_all();

@@ -35,6 +35,8 @@ pub(crate) struct Submitted {
     /// Its program was released while it waited here: it ends cancelled,
     /// as it would have had it reached the engine before the release.
     pub released: Released,
+    /// Its `request` span ([`crate::trace`]).
+    pub span: tracing::Span,
 }
 
 /// What a release that found a submission in the inbox left on it.

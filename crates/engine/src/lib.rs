@@ -13,6 +13,11 @@
 //! drain) or to read (a snapshot, [`Snapshot`]). Pausing a program drops its
 //! block references at once; restoring re-matches its prefix and prefills
 //! only what was lost.
+//!
+//! Each request is traced under a `request` span (its queueing, admission,
+//! pauses with their cause, restores and end as events) and each step
+//! under a `step` span that follows from the requests in its batch
+//! (`trace.rs`; target [`TRACE_TARGET`]).
 
 mod api;
 mod board;
@@ -26,6 +31,7 @@ mod lifecycle;
 mod metrics;
 mod outbox;
 mod prompt_lp;
+mod trace;
 mod worker;
 
 pub use api::{
@@ -38,3 +44,4 @@ pub use control::{ControlError, PauseMode, SwapReport};
 pub use engine::{AbortHandle, Engine, RequestStream, StartError};
 pub use kv_events::KvEventSink;
 pub use metrics::{Counters, Histogram, MetricsSnapshot};
+pub use trace::{request_span, TARGET as TRACE_TARGET};

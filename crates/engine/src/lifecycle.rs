@@ -9,6 +9,7 @@ use agentd_scheduler::{Phase, Policy, State};
 use tracing::debug;
 
 use crate::core::{Core, Prog, Req};
+use crate::trace::Mark;
 use crate::{EndReason, Event, FinishReason, ProgramEnded, ProgramStatus, Usage};
 
 impl Core {
@@ -27,6 +28,7 @@ impl Core {
                 end_reason: None,
                 steps: 0,
                 parent_program: None,
+                paused: None,
             },
         );
         p
@@ -55,14 +57,10 @@ impl Core {
             return;
         };
         if let Some(req) = prog.current.take() {
-            let usage = usage_of(&req);
-            self.outbox.push(
-                &req.tx,
-                Event::Finished {
-                    reason: FinishReason::Cancelled,
-                    usage,
-                },
-            );
+            let (reason, usage) = (FinishReason::Cancelled, usage_of(&req));
+            self.outbox.push(&req.tx, Event::Finished { reason, usage });
+            self.outbox
+                .mark_owned(req.span, Mark::Finished { reason, usage });
         }
         self.replicas.terminate(p);
         if let Some(name) = &prog.name {
@@ -125,6 +123,8 @@ impl Core {
         }
         let usage = usage_of(&req);
         self.outbox.push(&req.tx, Event::Finished { reason, usage });
+        self.outbox
+            .mark_owned(req.span, Mark::Finished { reason, usage });
         self.counters.requests_finished += 1;
         self.counters
             .e2e_s

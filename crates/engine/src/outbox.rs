@@ -9,14 +9,21 @@
 //! the lock is free. A stream's events stay in order: one section's events
 //! go out in the order they were queued, and a request's later events are
 //! queued by later sections.
+//!
+//! Trace events ([`crate::trace`]) wait here too: emitting one formats its
+//! fields for every subscriber (a log line, an exported span event), work
+//! that has no place under the lock. A disabled span queues nothing.
 
 use tokio::sync::mpsc::UnboundedSender;
+use tracing::Span;
 
+use crate::trace::Mark;
 use crate::Event;
 
 #[derive(Default)]
 pub(crate) struct Outbox {
     queued: Vec<(UnboundedSender<Event>, Event)>,
+    marks: Vec<(Span, Mark)>,
 }
 
 impl Outbox {
@@ -25,9 +32,26 @@ impl Outbox {
         self.queued.push((tx.clone(), event));
     }
 
+    /// Queues `mark` for `span` (a handle clone: the span closes when its
+    /// last handle goes, so a request's span closes here, outside the lock,
+    /// after its `finished` mark).
+    pub fn mark(&mut self, span: &Span, mark: Mark) {
+        if !span.is_disabled() {
+            self.marks.push((span.clone(), mark));
+        }
+    }
+
+    /// [`Outbox::mark`] taking the span's handle.
+    pub fn mark_owned(&mut self, span: Span, mark: Mark) {
+        if !span.is_disabled() {
+            self.marks.push((span, mark));
+        }
+    }
+
     /// Queues `other`'s events after this one's.
     pub fn append(&mut self, mut other: Outbox) {
         self.queued.append(&mut other.queued);
+        self.marks.append(&mut other.marks);
     }
 
     /// Everything queued so far, to deliver outside the lock.
@@ -37,9 +61,13 @@ impl Outbox {
 
     /// Sends every queued event; a reader that went away loses its events
     /// (its request is cancelled by the stream's drop).
+    /// Trace marks are emitted after the streams' events.
     pub fn deliver(self) {
         for (tx, event) in self.queued {
             let _ = tx.send(event);
+        }
+        for (span, mark) in self.marks {
+            mark.emit(&span);
         }
     }
 }

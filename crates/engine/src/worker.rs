@@ -17,7 +17,7 @@ use crate::core::{Core, Sampled, SeqPlan};
 use crate::inbox::Inbox;
 use crate::outbox::Outbox;
 use crate::prompt_lp::PromptRows;
-use crate::FinishReason;
+use crate::{trace, FinishReason};
 
 /// A held engine lock. Each acquisition is one numbered critical section
 /// ([`Board::begin`]); on release it publishes a snapshot if a reader asked,
@@ -215,6 +215,9 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
                 continue;
             }
         };
+        // The step's span covers its forward, sampling and commit.
+        let step = step_span(r, &plan);
+        let _in_step = step.enter();
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
         let t = Instant::now();
@@ -274,6 +277,24 @@ fn swap(
     }
     shared.lock().swap_done(r, result);
     shared.wake_all();
+}
+
+/// The span of replica `r`'s step of `plan`, following from the spans of
+/// the requests in it ([`crate::trace`]); made outside the engine lock.
+fn step_span(r: usize, plan: &[SeqPlan]) -> tracing::Span {
+    let decode = plan.iter().filter(|s| s.decoding).count();
+    let prefill = plan
+        .iter()
+        .filter(|s| !s.decoding)
+        .map(|s| s.new_tokens.len())
+        .sum();
+    let span = trace::step_span(r, plan.len(), prefill, decode);
+    if !span.is_disabled() {
+        for id in plan.iter().filter_map(|s| s.span.clone()) {
+            span.follows_from(id);
+        }
+    }
+    span
 }
 
 /// How long a step's forward and sampling took (`/metrics`).

@@ -76,22 +76,28 @@ pub struct Choice {
 /// must not stall the runtime's sockets on a 100k-token prompt.
 pub async fn submit_offloaded(
     state: &SharedState,
+    request_ids: &[String],
     program: &ProgramRef,
     prompts: Vec<(Vec<u32>, Sampling)>,
     n: usize,
     logprobs: bool,
 ) -> Result<Vec<Choice>, ApiError> {
     let (state, program, caller) = (state.clone(), program.clone(), Caller::current());
+    let ids = request_ids.to_vec();
     crate::offload::run(move || {
-        caller.scope_sync(|| submit(&state, &program, prompts, n, logprobs))
+        caller.scope_sync(|| submit(&state, &ids, &program, prompts, n, logprobs))
     })
     .await
 }
 
-/// Submits `n` engine requests per prompt. A refusal of any of them (the
-/// queue is full, say) drops those already submitted, cancelling them.
+/// Submits `n` engine requests per prompt, each traced under a `request`
+/// span (`agentd_engine::request_span`) with its prompt's request id:
+/// `request_ids` holds one per prompt (SGLang's `rid`s) or one for them
+/// all (the OpenAI response's id). A refusal of any of them (the queue is full, say) drops those
+/// already submitted, cancelling them.
 pub fn submit(
     state: &SharedState,
+    request_ids: &[String],
     program: &ProgramRef,
     prompts: Vec<(Vec<u32>, Sampling)>,
     n: usize,
@@ -112,9 +118,11 @@ pub fn submit(
     // program (and so reclaim its resources) as soon as it is submitted.
     state.declare_tools(program)?;
     let cache_salt = Caller::current().prefix_salt(program.cache_salt.as_deref());
+    let tenant = Caller::current().tenant_key();
     let mut out = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, sampling)) in prompts.into_iter().enumerate() {
         let group = group_of(program, n);
+        let request_id = request_ids.get(p).or(request_ids.first());
         for j in 0..n {
             let first = p == 0 && j == 0;
             let mut params = sampling.params.clone();
@@ -126,8 +134,15 @@ pub fn submit(
             if j > 0 {
                 params.prompt_logprobs = None;
             }
-            let stream = state.engine.submit(GenerateRequest {
-                program: if first { program.program.clone() } else { None },
+            let engine_program = if first { program.program.clone() } else { None };
+            let span = agentd_engine::request_span(
+                request_id.map(String::as_str),
+                engine_program.as_deref(),
+                tenant.as_deref(),
+                prompt.len(),
+            );
+            let req = GenerateRequest {
+                program: engine_program,
                 prompt: prompt.clone(),
                 sampling: params,
                 final_request: first && (program.final_request || released),
@@ -139,7 +154,8 @@ pub fn submit(
                 } else {
                     None
                 },
-            })?;
+            };
+            let stream = state.engine.submit_traced(req, span)?;
             out.push(Choice {
                 index: p * n + j,
                 first_of_prompt: j == 0,

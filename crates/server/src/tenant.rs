@@ -94,6 +94,12 @@ impl Caller {
         CALLER.sync_scope(self, f)
     }
 
+    /// The tenant's key (`k<N>`, the prefix of its program keys) when
+    /// there are several; `None` for the single tenant.
+    pub fn tenant_key(&self) -> Option<String> {
+        self.tenant.map(|t| format!("k{t}"))
+    }
+
     /// The id the engine and the tool side know the client's `id` by.
     pub fn program_key(&self, id: &str) -> String {
         match self.tenant {

@@ -122,6 +122,7 @@ pub fn prepare(
         previous = ?req.previous_response_id, store, stream = req.common.stream, "response");
     let choice = choices::submit(
         state,
+        std::slice::from_ref(&id),
         &program_ref,
         vec![(tokens.clone(), sampling)],
         1,

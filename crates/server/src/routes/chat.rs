@@ -35,10 +35,12 @@ pub async fn handle(
     let p = prepare(&state, &program, req).await?;
     let logprobs = p.top.is_some();
     let submit = vec![(p.prompt, p.sampling)];
-    let choices = choices::submit_offloaded(&state, &program, submit, p.n, logprobs).await?;
+    let meta = ResponseMeta::new(&state, "chatcmpl");
+    let choices =
+        choices::submit_offloaded(&state, std::slice::from_ref(&meta.id), &program, submit, p.n, logprobs).await?;
     let shape = Shape {
         output: p.output,
-        meta: ResponseMeta::new(&state, "chatcmpl"),
+        meta,
         logprobs,
         one_tool_call: p.req.parallel_tool_calls == Some(false),
         tool_note: choices::ToolNote::new(&state, &program),

@@ -75,10 +75,11 @@ pub async fn handle(
     let program = program_id::resolve(&req.common, &headers)?;
     let (req, prompts) = prepare(&state, &program, req).await?;
     let logprobs = req.logprobs.is_some();
-    let choices =
-        choices::submit_offloaded(&state, &program, prompts.submit, prompts.n, logprobs).await?;
+    let meta = ResponseMeta::new(&state, "cmpl");
+    let (submit, n) = (prompts.submit, prompts.n);
+    let choices = choices::submit_offloaded(&state, std::slice::from_ref(&meta.id), &program, submit, n, logprobs).await?;
     let shape = Shape {
-        meta: ResponseMeta::new(&state, "cmpl"),
+        meta,
         n: prompts.n,
         logprobs,
         echo: req.echo.then_some(prompts.texts),

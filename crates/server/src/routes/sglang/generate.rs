@@ -82,7 +82,9 @@ pub async fn generate(
         .collect();
     let logprobs = items.iter().any(|i| i.top.is_some());
     tracing::info!(program = ?program.program, prompts = items.len(), n, stream = req.stream, "generate");
-    let mut choices = choices::submit_offloaded(&state, &program, submit, n, logprobs).await?;
+    let rids: Vec<String> = items.iter().map(|i| i.rid.clone()).collect();
+    let mut choices =
+        choices::submit_offloaded(&state, &rids, &program, submit, n, logprobs).await?;
     for c in &mut choices {
         if items.get(c.index / n).is_some_and(|i| !i.skip_special) {
             c.gen.keep_special_tokens();
