@@ -36,8 +36,15 @@ pub async fn handle(
     let logprobs = p.top.is_some();
     let submit = vec![(p.prompt, p.sampling)];
     let meta = ResponseMeta::new(&state, "chatcmpl");
-    let choices =
-        choices::submit_offloaded(&state, std::slice::from_ref(&meta.id), &program, submit, p.n, logprobs).await?;
+    let choices = choices::submit_offloaded(
+        &state,
+        std::slice::from_ref(&meta.id),
+        &program,
+        submit,
+        p.n,
+        logprobs,
+    )
+    .await?;
     let shape = Shape {
         output: p.output,
         meta,

@@ -77,7 +77,15 @@ pub async fn handle(
     let logprobs = req.logprobs.is_some();
     let meta = ResponseMeta::new(&state, "cmpl");
     let (submit, n) = (prompts.submit, prompts.n);
-    let choices = choices::submit_offloaded(&state, std::slice::from_ref(&meta.id), &program, submit, n, logprobs).await?;
+    let choices = choices::submit_offloaded(
+        &state,
+        std::slice::from_ref(&meta.id),
+        &program,
+        submit,
+        n,
+        logprobs,
+    )
+    .await?;
     let shape = Shape {
         meta,
         n: prompts.n,
