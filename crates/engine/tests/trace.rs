@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use agentd_engine::{Engine, EngineConfig, Event, GenerateRequest, TRACE_TARGET};
+use agentd_engine::{Engine, EngineConfig, Event, GenerateRequest, PauseMode, TRACE_TARGET};
 use agentd_models::SamplingParams;
 use agentd_scheduler::{PolicyKind, SchedulerConfig};
 use tracing::field::{Field, Visit};
@@ -171,6 +171,26 @@ fn run_programs(e: &Engine) {
     turn(&next, 4);
 }
 
+/// A trainer's `pause_generation` in `retract` mode while a request runs
+/// (program `rl`), then resume. The request must be running when the pause
+/// lands (a step of the fixture takes well under a millisecond), so it is
+/// tried until the pause finds it held.
+fn retract_one(e: &Engine) {
+    for attempt in 0..20 {
+        let prompt: Vec<u32> = (0..20).map(|i| (i * 7 + attempt) % 500).collect();
+        let mut s = e.submit(request("rl", prompt, 100)).expect("accepted");
+        assert!(matches!(s.blocking_next(), Some(Event::Token(_))));
+        let held = e.pause(PauseMode::Retract);
+        e.resume();
+        let rest = tokens(s);
+        if held > 0 {
+            assert!(!rest.is_empty(), "the retracted request goes on");
+            return;
+        }
+    }
+    panic!("no pause found the request running");
+}
+
 #[test]
 fn a_multi_turn_programs_trace_shows_queue_admission_pauses_and_steps() {
     let capture = Capture::default();
@@ -199,13 +219,14 @@ fn a_multi_turn_programs_trace_shows_queue_admission_pauses_and_steps() {
     let e = Engine::start(&fixture(), cfg).expect("engine starts");
     run_programs(&e);
     let m = e.snapshot_blocking().metrics.clone();
+    retract_one(&e);
     drop(e); // the workers stop: every span is closed, every mark emitted
 
     let c = capture.lock();
     let requests: Vec<usize> = (0..c.spans.len())
         .filter(|&i| c.spans[i].name == "request")
         .collect();
-    assert_eq!(requests.len(), 8, "one span per request");
+    assert!(requests.len() >= 9, "one span per request");
     let events_of = |span: usize| -> Vec<&EventRec> {
         c.events.iter().filter(|e| e.span == Some(span)).collect()
     };
@@ -279,9 +300,24 @@ fn a_multi_turn_programs_trace_shows_queue_admission_pauses_and_steps() {
             "thrashing",
             "work_conserving",
             "overdue",
-            "policy"
+            "policy",
+            "retracted"
         ]
         .contains(&cause.as_str()));
+    }
+    // The trainer's retract: the request it found running shows the pause
+    // with cause `retracted` and its restore after the resume.
+    let rl = requests
+        .iter()
+        .copied()
+        .rfind(|&r| c.spans[r].fields.get("program").map(String::as_str) == Some("rl"))
+        .expect("the retracted request's span");
+    let ev = events_of(rl);
+    let at = |name: &str| ev.iter().position(|e| e.message == name).expect(name);
+    assert!(at("admitted") < at("paused") && at("paused") < at("restored"));
+    for name in ["paused", "restored"] {
+        let cause = ev[at(name)].fields.get("cause").map(String::as_str);
+        assert_eq!(cause, Some("retracted"), "{name}: {ev:?}");
     }
     // Step spans: one per step, each following from the requests of its batch.
     let steps: Vec<usize> = (0..c.spans.len())
