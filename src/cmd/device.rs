@@ -1,5 +1,8 @@
 //! `agentd serve --device cuda`: the engine on the CUDA backend, one GPU per
-//! replica. Without the `cuda` feature the flag explains how to get it.
+//! replica, its KV pool sized from device memory as vLLM's
+//! `--gpu-memory-utilization` does (unless `--num-kv-blocks` or
+//! `--kv-cache-memory` gives it). Without the `cuda` feature the flag
+//! explains how to get it.
 
 use std::path::Path;
 
@@ -7,8 +10,15 @@ use agentd_engine::{Engine, EngineConfig};
 use agentd_models::LoadDtype;
 use anyhow::Result;
 
+use super::kv_size::KvPlan;
+
 #[cfg(feature = "cuda")]
-pub fn start_cuda(model_dir: &Path, cfg: EngineConfig, dtype: LoadDtype) -> Result<Engine> {
+pub fn start_cuda(
+    model_dir: &Path,
+    mut cfg: EngineConfig,
+    dtype: LoadDtype,
+    kv: &mut KvPlan,
+) -> Result<Engine> {
     use std::sync::Arc;
 
     use agentd_cuda::{Dtype, Gpu, GpuQwen3, GpuRunner};
@@ -33,11 +43,42 @@ pub fn start_cuda(model_dir: &Path, cfg: EngineConfig, dtype: LoadDtype) -> Resu
     );
     tracing::info!(dir = %model_dir.display(), "loading weights for the GPU");
     let weights = Weights::from_dir(model_dir, &candle_core::Device::Cpu)?;
-    let mut runners: Vec<Box<dyn StepRunner>> = Vec::with_capacity(cfg.replicas);
+    let mut models = Vec::with_capacity(cfg.replicas);
+    let mut sized = Vec::with_capacity(cfg.replicas);
     for r in 0..cfg.replicas {
         let gpu = Arc::new(Gpu::new(r).with_context(|| format!("opening CUDA device {r}"))?);
+        let (free_at_start, total) = gpu.memory()?;
         tracing::info!(replica = r, device = %gpu.name(), "uploading weights");
-        let model = Arc::new(GpuQwen3::from_weights(gpu, mc.clone(), &weights, dtype)?);
+        let model = Arc::new(GpuQwen3::from_weights(
+            gpu.clone(),
+            mc.clone(),
+            &weights,
+            dtype,
+        )?);
+        if let Some(u) = kv.gpu_utilization {
+            gpu.synchronize()?;
+            let (free, _) = gpu.memory()?;
+            let m = super::kv_size::GpuMemory {
+                total,
+                free_at_start,
+                weights: free_at_start.saturating_sub(free),
+                activation_peak: profile_step(&gpu, &model, &cfg)?,
+            };
+            let blocks = super::kv_size::gpu_kv_blocks(m, u, kv.bytes_per_block as u64)?;
+            tracing::info!(replica = r, ?m, blocks, "KV cache sized from device memory");
+            sized.push(blocks);
+        }
+        models.push(model);
+    }
+    // One pool size for every replica: the smallest device's.
+    if let Some(&blocks) = sized.iter().min() {
+        kv.num_blocks = blocks;
+        cfg.num_blocks = blocks;
+        let window = cfg.max_model_len.unwrap_or(mc.max_position_embeddings);
+        super::kv_size::check_window(kv, window, "--gpu-memory-utilization")?;
+    }
+    let mut runners: Vec<Box<dyn StepRunner>> = Vec::with_capacity(cfg.replicas);
+    for model in models {
         runners.push(Box::new(GpuRunner::new(
             model,
             cfg.num_blocks,
@@ -47,8 +88,49 @@ pub fn start_cuda(model_dir: &Path, cfg: EngineConfig, dtype: LoadDtype) -> Resu
     Ok(Engine::with_runners(mc, runners, cfg)?)
 }
 
+/// The activation peak of the largest step the engine plans: one sequence
+/// of `max_num_batched_tokens` new tokens with the logits of every one
+/// (what a batch of that many decodes, or a prefill chunk scoring its
+/// prompt logprobs, asks for), on a pool just large enough for it.
+#[cfg(feature = "cuda")]
+fn profile_step(
+    gpu: &agentd_cuda::Gpu,
+    model: &std::sync::Arc<agentd_cuda::GpuQwen3>,
+    cfg: &EngineConfig,
+) -> Result<u64> {
+    use agentd_models::{BatchBuilder, LogitsFor, StepRunner};
+
+    let c = model.config();
+    let tokens = cfg
+        .max_num_batched_tokens
+        .min(c.max_position_embeddings)
+        .max(1);
+    let blocks = tokens.div_ceil(cfg.block_size.max(1));
+    let mut runner = agentd_cuda::GpuRunner::new(model.clone(), blocks, cfg.block_size)?;
+    let ids: Vec<u32> = (0..tokens)
+        .map(|i| (i % c.vocab_size.max(1)) as u32)
+        .collect();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut b = BatchBuilder::new(cfg.block_size);
+    b.push(&ids, 0, &table, LogitsFor::All);
+    let batch = b.build();
+    let peak = gpu.peak_during(|| {
+        runner
+            .step(&batch)
+            .map(drop)
+            .map_err(agentd_cuda::CudaError::Model)
+    })?;
+    tracing::info!(tokens, peak_bytes = peak, "profiled the largest step");
+    Ok(peak)
+}
+
 #[cfg(not(feature = "cuda"))]
-pub fn start_cuda(_model_dir: &Path, _cfg: EngineConfig, _dtype: LoadDtype) -> Result<Engine> {
+pub fn start_cuda(
+    _model_dir: &Path,
+    _cfg: EngineConfig,
+    _dtype: LoadDtype,
+    _kv: &mut KvPlan,
+) -> Result<Engine> {
     anyhow::bail!(
         "this agentd was built without CUDA: rebuild with `cargo build --release --features cuda` \
          (needs a CUDA 13 nvcc; scripts/build-gpu-check.sh shows how to get one)"

@@ -303,9 +303,16 @@ fn host_blocks(args: &ServeArgs, kv: &KvPlan) -> Result<usize> {
     })
 }
 
-fn start_engine(args: &ServeArgs, model_dir: &Path, cfg: EngineConfig) -> Result<Engine> {
+/// Starts the engine; on CUDA a pool sized from device memory gets its
+/// block count in `kv` once measured.
+fn start_engine(
+    args: &ServeArgs,
+    model_dir: &Path,
+    cfg: EngineConfig,
+    kv: &mut KvPlan,
+) -> Result<Engine> {
     if args.device == "cuda" {
-        return super::device::start_cuda(model_dir, cfg, args.dtype.dtype);
+        return super::device::start_cuda(model_dir, cfg, args.dtype.dtype, kv);
     }
     let dtype = args.dtype.dtype;
     tracing::info!(dir = %model_dir.display(), %dtype, "loading model");
@@ -331,13 +338,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         _ => Some(super::cpu::kernel_path()?),
     };
     let model = served_model(&args)?;
-    let kv = super::kv_size::plan(
+    let mut kv = super::kv_size::plan(
         &KvArgs {
             num_kv_blocks: args.num_kv_blocks,
             kv_cache_memory: args.kv_cache_memory,
             max_model_len: args.max_model_len,
             block_size: args.sched.block_size,
             cuda: args.device == "cuda",
+            gpu_memory_utilization: args.vllm.gpu_memory_utilization(),
             model_dir: &model.dir,
         },
         std::env::var("VLLM_CPU_KVCACHE_SPACE").ok().as_deref(),
@@ -363,7 +371,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     tracing::info!(?cfg, "starting engine");
     let threads = cfg.threads_each();
-    let engine = start_engine(&args, &model.dir, cfg)?;
+    let engine = start_engine(&args, &model.dir, cfg, &mut kv)?;
     super::kv_size::log_capacity(&kv, engine.max_model_len(), args.replicas);
     let mut state = agentd_server::AppState::with_tokenizer(
         engine,

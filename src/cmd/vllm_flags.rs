@@ -16,9 +16,10 @@ vLLM flags: a model id, --revision, --download-dir, --tokenizer, --dtype, --max-
   (always on), --enable-auto-tool-choice (tool calls are always parsed), --trust-remote-code
   (no remote code runs), --enforce-eager, --disable-log-requests, --disable-log-stats,
   --tensor-parallel-size 1, --pipeline-parallel-size 1, --gpu-memory-utilization on the CPU
-  (the CPU KV cache is VLLM_CPU_KVCACHE_SPACE GiB, 4 by default).
+  (the CPU KV cache is VLLM_CPU_KVCACHE_SPACE GiB, 4 by default). On CUDA
+  --gpu-memory-utilization (0.9) sizes the KV cache from the device's memory, as in vLLM.
   Refused with \"not supported\": --tensor-parallel-size/--pipeline-parallel-size (-tp/-pp) > 1,
-  --no-enable-prefix-caching, --gpu-memory-utilization on CUDA, --quantization,
+  --no-enable-prefix-caching, --quantization,
   --kv-cache-dtype other than auto, --enable-lora, --speculative-config, --chat-template,
   --seed.
 Environment: HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME, HF_HUB_CACHE (as huggingface_hub);
@@ -62,7 +63,17 @@ pub struct VllmFlags {
     seed: Option<u64>,
 }
 
+/// vLLM's default `--gpu-memory-utilization`.
+pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
+
 impl VllmFlags {
+    /// `--gpu-memory-utilization`, or vLLM's default 0.9 (read on CUDA,
+    /// where it sizes the KV cache).
+    pub fn gpu_memory_utilization(&self) -> f64 {
+        self.gpu_memory_utilization
+            .unwrap_or(DEFAULT_GPU_MEMORY_UTILIZATION)
+    }
+
     /// Logs the accepted no-ops; the first refused flag is the error.
     pub fn check(&self, device: &str) -> Result<()> {
         let refuse =
@@ -80,12 +91,6 @@ impl VllmFlags {
             refuse(
                 "--no-enable-prefix-caching",
                 "the program scheduler is built on the prefix cache",
-            )?;
-        }
-        if self.gpu_memory_utilization.is_some() && device == "cuda" {
-            refuse(
-                "--gpu-memory-utilization",
-                "size the CUDA KV cache with --kv-cache-memory or --num-kv-blocks",
             )?;
         }
         if let Some(q) = &self.quantization {
@@ -153,7 +158,7 @@ impl VllmFlags {
                 "--pipeline-parallel-size 1: one copy per replica",
             ),
             (
-                self.gpu_memory_utilization.is_some(),
+                self.gpu_memory_utilization.is_some() && device != "cuda",
                 "--gpu-memory-utilization on the CPU: the KV cache is VLLM_CPU_KVCACHE_SPACE GiB",
             ),
         ];

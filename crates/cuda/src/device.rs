@@ -66,6 +66,16 @@ fn entry_points(module: &str) -> Vec<String> {
     }
 }
 
+/// A u64 attribute of a memory pool.
+fn pool_attr(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Result<u64> {
+    let mut v: u64 = 0;
+    // SAFETY: the USED_MEM attributes are cuuint64_t values.
+    unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) }
+        .result()
+        .map_err(driver_err("cuMemPoolGetAttribute"))?;
+    Ok(v)
+}
+
 pub(crate) fn driver_err(op: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver {
         op: op.to_string(),
@@ -168,6 +178,58 @@ impl Gpu {
 
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(driver_err("synchronize"))
+    }
+
+    /// Free and total memory of this device in bytes (`cuMemGetInfo`).
+    pub fn memory(&self) -> Result<(u64, u64)> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
+        let (free, total) =
+            cudarc::driver::result::mem_get_info().map_err(driver_err("cuMemGetInfo"))?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Runs `f` (work on this device's stream) and returns the most memory
+    /// it held at once beyond what was in use before: the rise of the
+    /// stream-ordered pool's high watermark (cudarc allocates a step's
+    /// buffers from it with `cuMemAllocAsync` and frees them back into it),
+    /// or what `f` kept of the device's memory (allocations outside the
+    /// pool), whichever is larger. `--gpu-memory-utilization` sizes the KV
+    /// cache from it.
+    pub fn peak_during(&self, f: impl FnOnce() -> Result<()>) -> Result<u64> {
+        use sys::CUmemPool_attribute::{
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT as CURRENT, CU_MEMPOOL_ATTR_USED_MEM_HIGH as HIGH,
+        };
+        self.synchronize()?;
+        let pool = self.default_pool()?;
+        let used_before = pool_attr(pool, CURRENT)?;
+        // The high watermark can only be reset to zero; it restarts from
+        // the memory in use now.
+        let mut zero: u64 = 0;
+        // SAFETY: `pool` is this device's default pool; the attribute takes
+        // a cuuint64_t.
+        unsafe { sys::cuMemPoolSetAttribute(pool, HIGH, (&mut zero as *mut u64).cast()) }
+            .result()
+            .map_err(driver_err("cuMemPoolSetAttribute"))?;
+        let (free_before, _) = self.memory()?;
+        f()?;
+        self.synchronize()?;
+        let high = pool_attr(pool, HIGH)?;
+        let (free_after, _) = self.memory()?;
+        Ok(high
+            .saturating_sub(used_before)
+            .max(free_before.saturating_sub(free_after)))
+    }
+
+    /// The device's default memory pool (where `cuMemAllocAsync` takes from).
+    fn default_pool(&self) -> Result<sys::CUmemoryPool> {
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: writes one pool handle for this context's device.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .map_err(driver_err("cuDeviceGetDefaultMemPool"))?;
+        Ok(pool)
     }
 
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<Buf<T>> {
