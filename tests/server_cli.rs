@@ -99,6 +99,21 @@ fn serve_device_cuda_needs_a_cuda_build() {
         err.contains("built without CUDA") && err.contains("--features cuda"),
         "{err}"
     );
+    // --gpu-memory-utilization sizes the CUDA pool: accepted with --device
+    // cuda (no longer "not supported"), so the same message comes.
+    let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["serve", "--device", "cuda", "--port", "0"])
+        .args(["--gpu-memory-utilization", "0.8"])
+        .env("XDG_CACHE_HOME", &cache)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run agentd serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("built without CUDA") && !err.contains("not supported"),
+        "{err}"
+    );
 }
 
 /// An explicit `--max-model-len` that one replica's pool cannot hold stops
