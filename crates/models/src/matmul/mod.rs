@@ -6,14 +6,17 @@
 //! only, packs both operands, and runs a one-row product on one core. With
 //! AVX-512 two kernels serve every T, summing in one order:
 //!
-//! - [`bcast`] (T ≥ 5): the activations are transposed once per call
+//! - [`bcast`] (T ≥ 9): the activations are transposed once per call
 //!   (`[k, T]`, cheap: T·k floats), then each weight value is broadcast and
 //!   multiplied into 16 activation rows per FMA; no horizontal reductions,
 //!   and the transposed activations stay in L1/L2 while the weights stream
 //!   once per 64 rows. 1.7–2.3× candle's gemm's GFLOP/s from T = 16 on.
-//! - [`small`] (T ≤ 4): 16×16 weight tiles transposed in registers, each
-//!   activation value broadcast against 16 weight rows; about 1.9× gemm at
-//!   T = 1 (the `matmul_probe` example).
+//! - [`small`] (T ≤ 8): 16×16 weight tiles transposed in registers, each
+//!   activation value broadcast against 16 weight rows, the next tile's
+//!   rows prefetched into L2 (16 interleaved row streams are more than the
+//!   hardware prefetchers follow: without it the 151,936 × 256 output
+//!   projection streamed at 3 GB/s, a third of the portable row-at-a-time
+//!   loop; `benches/matmul_decode.rs`).
 //!
 //! **Batch invariance:** every output is one FMA chain over k in order,
 //! whatever T is and whichever rows share its tile, so a sequence's logits do
@@ -134,6 +137,25 @@ fn transpose_blocks(x: &[f32], t: usize, k: usize, lanes: usize) -> Vec<f32> {
     xt
 }
 
+/// The most activation rows the x86 small-T kernels take (`small`,
+/// `small_avx2`); the broadcast kernels take more. Both sum in one order, so
+/// the cut-off is a speed choice only: at T = 8 the small kernel streams
+/// the 151,936 × 256 output projection several times faster than the
+/// broadcast one (`benches/matmul_decode.rs`).
+#[cfg(target_arch = "x86_64")]
+const SMALL_MAX_T: usize = 8;
+
+/// Weight rows per rayon task of the small-T kernels (whole passes of
+/// `pass` rows): about four tasks per thread, so the threads finish
+/// together, but at most 1024 rows, so each task streams a few hundred KiB
+/// to a few MiB and rayon's per-task cost stays far below its work (the
+/// 151,936-row output projection is 149 tasks, not 2,374 of 64 rows).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn small_rows_per_task(n: usize, pass: usize) -> usize {
+    let tasks = rayon::current_num_threads().max(1) * 4;
+    n.div_ceil(tasks).clamp(pass, 1024).div_ceil(pass) * pass
+}
+
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint column ranges of `out` (see `matmul_xwt`).
@@ -173,7 +195,7 @@ pub fn matmul_xwt_on<W: WeightElem>(
         // features the kernels are compiled for; shapes were checked above.
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512 => unsafe {
-            if t <= 4 {
+            if t <= SMALL_MAX_T {
                 small::matmul(x, t, w, n, k, out_ptr)
             } else {
                 bcast::matmul(x, t, w, n, k, out_ptr)
@@ -181,7 +203,7 @@ pub fn matmul_xwt_on<W: WeightElem>(
         },
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => unsafe {
-            if t <= 4 {
+            if t <= SMALL_MAX_T {
                 small_avx2::matmul(x, t, w, n, k, out_ptr)
             } else {
                 bcast_avx2::matmul(x, t, w, n, k, out_ptr)

@@ -19,30 +19,34 @@ use rayon::prelude::*;
 
 use super::{ElemKind, OutPtr, WeightElem};
 
-/// Weight rows per rayon task: two passes of 32.
-const ROWS_PER_TASK: usize = 64;
-/// Weight rows per pass: two tiles of 16, two independent FMA chains per
-/// activation row.
-const PASS_ROWS: usize = 32;
+/// Weight rows per pass: one tile of 16 (its 16 registers, the T ≤ 4
+/// accumulators and the broadcast stay in the 32 zmm registers; two tiles
+/// per pass spilled to the stack and ran at 3-4 GB/s).
+const PASS_ROWS: usize = 16;
 
-/// `out[t, r] = x[t, :] · w[r, :]` for `t <= 4`.
+/// `out[t, r] = x[t, :] · w[r, :]` for `t <= 8`.
 ///
 /// # Safety
 /// AVX-512F must be available; `x` has `t` rows and `w` has `n` rows of `k`
 /// floats; `out` holds `t * n` floats that nothing else touches meanwhile.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn matmul<W: WeightElem>(x: &[f32], t: usize, w: &[W], n: usize, k: usize, out: OutPtr) {
-    (0..n.div_ceil(ROWS_PER_TASK))
+    let per_task = super::small_rows_per_task(n, PASS_ROWS);
+    (0..n.div_ceil(per_task))
         .into_par_iter()
         .for_each(move |task| {
-            let rows = (task * ROWS_PER_TASK, ((task + 1) * ROWS_PER_TASK).min(n));
+            let rows = (task * per_task, ((task + 1) * per_task).min(n));
             // SAFETY: as the caller's; this task owns columns `rows` of out.
             unsafe {
                 match t {
                     1 => passes::<W, 1>(x, w, n, k, rows, out),
                     2 => passes::<W, 2>(x, w, n, k, rows, out),
                     3 => passes::<W, 3>(x, w, n, k, rows, out),
-                    _ => passes::<W, 4>(x, w, n, k, rows, out),
+                    4 => passes::<W, 4>(x, w, n, k, rows, out),
+                    5 => passes::<W, 5>(x, w, n, k, rows, out),
+                    6 => passes::<W, 6>(x, w, n, k, rows, out),
+                    7 => passes::<W, 7>(x, w, n, k, rows, out),
+                    _ => passes::<W, 8>(x, w, n, k, rows, out),
                 }
             }
         });
@@ -61,42 +65,89 @@ unsafe fn passes<W: WeightElem, const T: usize>(
     while r < r1 {
         let rr = (r1 - r).min(PASS_ROWS);
         // Rows past the end repeat the last valid one (results not stored).
-        let mut wp = [w.as_ptr(); PASS_ROWS];
-        for j in 0..PASS_ROWS {
-            wp[j] = w.as_ptr().add((r + j.min(rr - 1)) * k);
+        let wp: [*const W; PASS_ROWS] =
+            std::array::from_fn(|j| w.as_ptr().add((r + j.min(rr - 1)) * k));
+        let mut acc = [_mm512_setzero_ps(); T];
+        // Columns up to row 0's first 16-column boundary in memory go first,
+        // so the full tiles' loads are aligned (each row's too when a row's
+        // bytes are a multiple of 64, as in every model). Unaligned, a
+        // 16-row tile at a 4 KiB row stride (k = 1024) touches 32 lines of
+        // one L1 set, 8-way, and half of them are evicted before the next
+        // tile reads them: the f32 k = 1024 products ran at 40-60% of the
+        // row-at-a-time portable kernel.
+        let size = std::mem::size_of::<W>();
+        let lead = (16 - (wp[0] as usize / size) % 16) % 16;
+        let mut k0 = lead.min(k);
+        if k0 > 0 {
+            partial::<W, T>(&wp, x.as_ptr(), k, 0, k0, &mut acc);
         }
-        let mut acc = [[_mm512_setzero_ps(); 2]; T];
-        let mut k0 = 0;
-        while k0 < k {
-            let kc = (k - k0).min(16);
-            let mask = ((1u32 << kc) - 1) as __mmask16;
-            let mut tile = [[_mm512_setzero_ps(); 16]; 2];
-            for g in 0..2 {
-                for j in 0..16 {
-                    tile[g][j] = load16(wp[16 * g + j].add(k0), kc, mask);
-                }
-                transpose16(&mut tile[g]);
-            }
-            for i in 0..kc {
-                for tt in 0..T {
-                    let xv = _mm512_set1_ps(*x.as_ptr().add(tt * k + k0 + i));
-                    for g in 0..2 {
-                        acc[tt][g] = _mm512_fmadd_ps(tile[g][i], xv, acc[tt][g]);
-                    }
+        while k0 + 16 <= k {
+            // The same columns of the next pass's rows, a line per row
+            // (every 16 f32 or 32 16-bit weights), into L2, so the next pass
+            // starts on cached lines. `wrapping_add`: past the last row it
+            // is only a hint, never read.
+            if (wp[0] as usize + k0 * size) % 64 < 16 * size {
+                for p in wp {
+                    let ahead = p.wrapping_add(PASS_ROWS * k + k0);
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.cast::<i8>());
                 }
             }
-            k0 += kc;
+            let mut tile: [__m512; 16] = std::array::from_fn(|j| load16(wp[j].add(k0), 16, !0));
+            transpose16(&mut tile);
+            fma_columns::<T, 16>(&tile, x.as_ptr().add(k0), k, &mut acc);
+            k0 += 16;
         }
+        if k0 < k {
+            partial::<W, T>(&wp, x.as_ptr(), k, k0, k - k0, &mut acc);
+        }
+        let m = ((1u32 << rr) - 1) as __mmask16;
         for tt in 0..T {
-            for g in 0..2 {
-                let valid = rr.saturating_sub(16 * g).min(16);
-                if valid > 0 {
-                    let m = ((1u32 << valid) - 1) as __mmask16;
-                    _mm512_mask_storeu_ps(out.0.add(tt * n + r + 16 * g), m, acc[tt][g]);
-                }
-            }
+            _mm512_mask_storeu_ps(out.0.add(tt * n + r), m, acc[tt]);
         }
         r += PASS_ROWS;
+    }
+}
+
+/// Columns `k0..k0 + kc` (kc < 16) of the pass's rows into `acc`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn partial<W: WeightElem, const T: usize>(
+    wp: &[*const W; PASS_ROWS],
+    x: *const f32,
+    k: usize,
+    k0: usize,
+    kc: usize,
+    acc: &mut [__m512; T],
+) {
+    let mask = ((1u32 << kc) - 1) as __mmask16;
+    let mut tile: [__m512; 16] = std::array::from_fn(|j| load16(wp[j].add(k0), kc, mask));
+    transpose16(&mut tile);
+    // Stop at kc, as every kernel does (an FMA with a zero weight could
+    // still turn -0 into +0, or inf · 0 into NaN).
+    for i in 0..kc {
+        for tt in 0..T {
+            let xv = _mm512_set1_ps(*x.add(tt * k + k0 + i));
+            acc[tt] = _mm512_fmadd_ps(tile[i], xv, acc[tt]);
+        }
+    }
+}
+
+/// `acc[t] = fma(column i, x[t, i], acc[t])` for the `KC` columns of a
+/// transposed tile in order: the FMA chain, with a constant trip count so
+/// the tile stays in registers.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fma_columns<const T: usize, const KC: usize>(
+    tile: &[__m512; 16],
+    x: *const f32,
+    k: usize,
+    acc: &mut [__m512; T],
+) {
+    for i in 0..KC {
+        for tt in 0..T {
+            let xv = _mm512_set1_ps(*x.add(tt * k + i));
+            acc[tt] = _mm512_fmadd_ps(tile[i], xv, acc[tt]);
+        }
     }
 }
 

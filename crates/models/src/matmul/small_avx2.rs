@@ -16,13 +16,12 @@ use rayon::prelude::*;
 
 use super::{ElemKind, OutPtr, WeightElem};
 
-/// Weight rows per rayon task: four passes of 16.
-const ROWS_PER_TASK: usize = 64;
-/// Weight rows per pass: two tiles of 8, two independent FMA chains per
-/// activation row.
-const PASS_ROWS: usize = 16;
+/// Weight rows per pass: one tile of 8 (its 8 registers, up to 4
+/// accumulators and the broadcast fit the 16 ymm registers; two tiles per
+/// pass spilled to the stack).
+const PASS_ROWS: usize = 8;
 
-/// `out[t, r] = x[t, :] · w[r, :]` for `t <= 4`.
+/// `out[t, r] = x[t, :] · w[r, :]` for `t <= 8`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `x` has `t` rows and `w` has `n`
@@ -30,25 +29,25 @@ const PASS_ROWS: usize = 16;
 /// meanwhile.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn matmul<W: WeightElem>(x: &[f32], t: usize, w: &[W], n: usize, k: usize, out: OutPtr) {
-    (0..n.div_ceil(ROWS_PER_TASK))
+    let per_task = super::small_rows_per_task(n, PASS_ROWS);
+    (0..n.div_ceil(per_task))
         .into_par_iter()
         .for_each(move |task| {
-            let rows = (task * ROWS_PER_TASK, ((task + 1) * ROWS_PER_TASK).min(n));
+            let rows = (task * per_task, ((task + 1) * per_task).min(n));
             // SAFETY: as the caller's; this task owns columns `rows` of out.
-            unsafe {
-                match t {
-                    1 => passes::<W, 1>(x, w, n, k, rows, out),
-                    2 => passes::<W, 2>(x, w, n, k, rows, out),
-                    3 => passes::<W, 3>(x, w, n, k, rows, out),
-                    _ => passes::<W, 4>(x, w, n, k, rows, out),
-                }
-            }
+            unsafe { passes(x, t, w, n, k, rows, out) }
         });
 }
 
+/// The task's rows, a pass of 8 at a time. Above 4 activation rows the pass
+/// runs twice over the same (now cached) weights, rows 0-3 then the rest:
+/// 8 accumulators beside the 8 tile registers and the broadcast would not
+/// fit the 16 ymm registers, and the spills made T = 8 slower than the
+/// broadcast kernel.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn passes<W: WeightElem, const T: usize>(
+unsafe fn passes<W: WeightElem>(
     x: &[f32],
+    t: usize,
     w: &[W],
     n: usize,
     k: usize,
@@ -61,41 +60,98 @@ unsafe fn passes<W: WeightElem, const T: usize>(
         // Rows past the end repeat the last valid one (results not stored).
         let wp: [*const W; PASS_ROWS] =
             std::array::from_fn(|j| w.as_ptr().add((r + j.min(rr - 1)) * k));
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        let mut k0 = 0;
-        while k0 < k {
-            let kc = (k - k0).min(8);
-            let mut tile = [[_mm256_setzero_ps(); 8]; 2];
-            for g in 0..2 {
-                for j in 0..8 {
-                    tile[g][j] = load8(wp[8 * g + j].add(k0), kc);
-                }
-                transpose8(&mut tile[g]);
+        let mut t0 = 0;
+        while t0 < t {
+            let x0 = x.as_ptr().add(t0 * k);
+            let dst = OutPtr(out.0.add(t0 * n + r));
+            // Prefetch the next pass once, on the first run over the weights.
+            let pf = t0 == 0;
+            match t - t0 {
+                1 => pass::<W, 1>(&wp, x0, k, pf, dst, n, rr),
+                2 => pass::<W, 2>(&wp, x0, k, pf, dst, n, rr),
+                3 => pass::<W, 3>(&wp, x0, k, pf, dst, n, rr),
+                _ => pass::<W, 4>(&wp, x0, k, pf, dst, n, rr),
             }
-            for i in 0..kc {
-                for tt in 0..T {
-                    let xv = _mm256_set1_ps(*x.as_ptr().add(tt * k + k0 + i));
-                    for g in 0..2 {
-                        acc[tt][g] = _mm256_fmadd_ps(tile[g][i], xv, acc[tt][g]);
-                    }
-                }
-            }
-            k0 += kc;
-        }
-        for tt in 0..T {
-            for g in 0..2 {
-                let valid = rr.saturating_sub(8 * g).min(8);
-                let dst = out.0.add(tt * n + r + 8 * g);
-                if valid == 8 {
-                    _mm256_storeu_ps(dst, acc[tt][g]);
-                } else if valid > 0 {
-                    let mut lanes = [0f32; 8];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[tt][g]);
-                    std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, valid);
-                }
-            }
+            t0 += 4;
         }
         r += PASS_ROWS;
+    }
+}
+
+/// One pass: `T` activation rows from `x` against the rows `wp`, the first
+/// `rr` results of each stored at `out + t * n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn pass<W: WeightElem, const T: usize>(
+    wp: &[*const W; PASS_ROWS],
+    x: *const f32,
+    k: usize,
+    prefetch: bool,
+    out: OutPtr,
+    n: usize,
+    rr: usize,
+) {
+    let mut acc = [_mm256_setzero_ps(); T];
+    // As in `small`: columns up to row 0's first 8-column boundary first, so
+    // the full tiles' loads are aligned.
+    let size = std::mem::size_of::<W>();
+    let lead = (8 - (wp[0] as usize / size) % 8) % 8;
+    let mut k0 = lead.min(k);
+    if k0 > 0 {
+        partial::<W, T>(wp, x, k, 0, k0, &mut acc);
+    }
+    while k0 + 8 <= k {
+        // As in `small`: the next pass's rows, a line per row, into L2.
+        if prefetch && (wp[0] as usize + k0 * size) % 64 < 8 * size {
+            for p in wp {
+                let ahead = p.wrapping_add(PASS_ROWS * k + k0);
+                _mm_prefetch::<_MM_HINT_T1>(ahead.cast::<i8>());
+            }
+        }
+        let mut tile: [__m256; 8] = std::array::from_fn(|j| load8(wp[j].add(k0), 8));
+        transpose8(&mut tile);
+        for i in 0..8 {
+            for tt in 0..T {
+                let xv = _mm256_set1_ps(*x.add(tt * k + k0 + i));
+                acc[tt] = _mm256_fmadd_ps(tile[i], xv, acc[tt]);
+            }
+        }
+        k0 += 8;
+    }
+    if k0 < k {
+        partial::<W, T>(wp, x, k, k0, k - k0, &mut acc);
+    }
+    for tt in 0..T {
+        let dst = out.0.add(tt * n);
+        if rr == 8 {
+            _mm256_storeu_ps(dst, acc[tt]);
+        } else {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[tt]);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, rr);
+        }
+    }
+}
+
+/// Columns `k0..k0 + kc` (kc < 8) of the pass's rows into `acc`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn partial<W: WeightElem, const T: usize>(
+    wp: &[*const W; PASS_ROWS],
+    x: *const f32,
+    k: usize,
+    k0: usize,
+    kc: usize,
+    acc: &mut [__m256; T],
+) {
+    let mut tile: [__m256; 8] = std::array::from_fn(|j| load8(wp[j].add(k0), kc));
+    transpose8(&mut tile);
+    // Stop at kc, as every kernel does.
+    for i in 0..kc {
+        for tt in 0..T {
+            let xv = _mm256_set1_ps(*x.add(tt * k + k0 + i));
+            acc[tt] = _mm256_fmadd_ps(tile[i], xv, acc[tt]);
+        }
     }
 }
 

@@ -16,15 +16,15 @@ fn run<W: WeightElem>(p: KernelPath, x: &[f32], t: usize, w: &[W], n: usize, k: 
 
 /// Each output row is bit-identical whatever other rows share the call, on
 /// every path: alone (the small-T kernels), with three others (small-T),
-/// with six or 29 others (the broadcast kernels, one and several vector
-/// groups).
+/// with six others (small-T), with eight or 29 others (the broadcast
+/// kernels, one and several vector groups).
 #[test]
 fn rows_are_batch_invariant_on_every_path() {
     let (n, k) = (70, 45);
     let x: Vec<f32> = (0..30 * k).map(|i| (i as f32 * 0.37).sin()).collect();
     let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
     for p in paths() {
-        for t in [4, 7, 30] {
+        for t in [4, 7, 9, 30] {
             let all = run(p, &x, t, &w, n, k);
             for row in 0..t {
                 let alone = run(p, &x[row * k..], 1, &w, n, k);
@@ -106,6 +106,44 @@ fn vector_paths_equal_the_scalar_fma_chain() {
     }
 }
 
+/// The small-T kernels run the columns before the weights' first aligned
+/// tile separately: every offset of the weights in memory (so every length
+/// of that lead, 16-bit weights included) gives the same chain.
+#[test]
+fn every_weight_alignment_gives_the_fma_chain() {
+    let (n, k) = (19, 64);
+    let x: Vec<f32> = (0..8 * k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let w: Vec<f32> = (0..n * k + 16).map(|i| (i as f32 * 0.11).cos()).collect();
+    let wb: Vec<half::bf16> = w.iter().map(|v| half::bf16::from_f32(*v)).collect();
+    for p in [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Neon] {
+        if !p.supported() {
+            continue;
+        }
+        for off in 0..16 {
+            let wo = &w[off..off + n * k];
+            let wf: Vec<f32> = wb[off..off + n * k].iter().map(|v| v.to_f32()).collect();
+            for t in [1, 8] {
+                let got = run(p, &x, t, wo, n, k);
+                for a in 0..t {
+                    for b in 0..n {
+                        let chain =
+                            (0..k).fold(0f32, |acc, i| wo[b * k + i].mul_add(x[a * k + i], acc));
+                        assert!(
+                            got[a * n + b].to_bits() == chain.to_bits(),
+                            "{p} off={off} t={t}"
+                        );
+                    }
+                }
+                let narrow = run(p, &x, t, &wb[off..off + n * k], n, k);
+                assert!(
+                    narrow == run(p, &x, t, &wf, n, k),
+                    "{p} bf16 off={off} t={t}"
+                );
+            }
+        }
+    }
+}
+
 /// `v` rounded to a 16-bit type, and those rounded values back in f32.
 fn rounded<W: WeightElem>(v: &[f32], round: impl Fn(f32) -> W) -> (Vec<W>, Vec<f32>) {
     let narrow: Vec<W> = v.iter().map(|x| round(*x)).collect();
@@ -151,7 +189,8 @@ fn f16_weights_equal_f32_of_rounded_weights() {
 
 /// Every path's f16 widening (vcvtph2ps on the x86 paths) equals `half`'s
 /// on every f16 value but NaNs: products with unit activations return each
-/// weight as the kernel widened it (1 row: small kernel, 5: broadcast).
+/// weight as the kernel widened it (1 and 5 rows: small kernel, 9:
+/// broadcast).
 /// Compared as floats: `fma(-0, 1, +0)` is +0.
 #[test]
 fn f16_widening_is_exact_for_every_value() {
@@ -161,7 +200,7 @@ fn f16_widening_is_exact_for_every_value() {
         .collect();
     let n = w.len();
     for p in paths() {
-        for t in [1, 5] {
+        for t in [1, 5, 9] {
             let out = run(p, &vec![1.0; t], t, &w, n, 1);
             for row in out.chunks(n) {
                 for (v, o) in w.iter().zip(row) {
