@@ -386,6 +386,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.sampling_defaults = defaults.params.clone();
     // `/update_weights_from_disk` loads new weights as the first ones were.
     state.weights_dtype = args.dtype.dtype;
+    // vLLM's dev-mode routes (/pause, /sleep, /wake_up, ...) behind its switch.
+    state.dev_mode =
+        agentd_server::routes::vllm_dev::dev_mode_from_env().map_err(anyhow::Error::msg)?;
+    if state.dev_mode {
+        tracing::warn!("VLLM_SERVER_DEV_MODE: vLLM's development endpoints are served");
+    }
     tracing::info!(source = %defaults.source, "default sampling: {}", defaults.summary());
     state.cpu_kernels = cpu_kernels.map(|p| p.to_string());
     state.set_parsers(

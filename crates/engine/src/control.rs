@@ -28,16 +28,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentd_kv::ProgramId;
-use agentd_models::{Model, ModelConfig};
+use agentd_models::{MemoryTags, Model, ModelConfig, StepRunner};
 
 use crate::core::Core;
 use crate::engine::Engine;
 
-/// SGLang's `pause_generation` modes.
+/// SGLang's `pause_generation` modes, and vLLM's `wait`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PauseMode {
     /// Every request in the engine ends now with finish reason `abort`.
     Abort,
+    /// vLLM's `wait`: what was submitted runs to its end; new submissions
+    /// wait for the resume.
+    Wait,
     /// Running requests go back to the queue and drop their KV.
     Retract,
     /// Steps stop; requests keep their KV and resume where they stopped.
@@ -49,6 +52,7 @@ impl PauseMode {
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Abort => "abort",
+            Self::Wait => "wait",
             Self::Retract => "retract",
             Self::InPlace => "in_place",
         }
@@ -70,6 +74,12 @@ pub enum ControlError {
     Swap { replica: usize, message: String },
     #[error("the engine is shutting down")]
     ShuttingDown,
+    #[error("memory can be released only while no request runs or waits: {running} running, {waiting} waiting")]
+    NotIdle { running: usize, waiting: usize },
+    #[error("{0:?} not released: nothing to resume")]
+    NotReleased(Vec<&'static str>),
+    #[error("the weights are released; resume them (resume_memory_occupation with tags [\"weights\"]) first")]
+    WeightsReleased,
 }
 
 /// What a weight swap did.
@@ -89,11 +99,35 @@ pub(crate) struct Control {
     /// Per replica: the current pause was carried out at a step boundary.
     pub applied: Vec<bool>,
     pub swap: Option<PendingSwap>,
+    /// The memory given back to the system (`crate::memory`): no step runs
+    /// and new submissions wait while any is.
+    pub released: MemoryTags,
+}
+
+/// What every worker does to its runner between steps.
+#[derive(Clone)]
+pub(crate) enum RunnerOp {
+    /// Run on these weights from now on.
+    Weights(Arc<Model>),
+    /// Give these regions back to the system.
+    Release(MemoryTags),
+    /// Take these regions again (the weights, when among them, loaded).
+    Resume(MemoryTags, Option<Arc<Model>>),
+}
+
+impl RunnerOp {
+    pub(crate) fn apply(self, runner: &mut dyn StepRunner) -> agentd_models::Result<()> {
+        match self {
+            Self::Weights(model) => runner.swap_model(model),
+            Self::Release(tags) => runner.release_memory(tags),
+            Self::Resume(tags, model) => runner.resume_memory(tags, model),
+        }
+    }
 }
 
 pub(crate) struct PendingSwap {
-    pub model: Arc<Model>,
-    /// Per replica: `None` until its worker swapped (or failed to).
+    pub op: RunnerOp,
+    /// Per replica: `None` until its worker carried `op` out (or failed to).
     pub done: Vec<Option<Result<(), String>>>,
 }
 
@@ -101,8 +135,8 @@ pub(crate) struct PendingSwap {
 pub(crate) enum Point {
     /// Plan and run a step as usual.
     Run,
-    /// Give the runner these weights now, then come back.
-    Swap(Arc<Model>),
+    /// Carry this out on the runner now, then come back.
+    Swap(RunnerOp),
     /// No step: wait for a kick. `idle` when nothing changed.
     Hold { idle: bool },
 }
@@ -115,7 +149,7 @@ const POLL: Duration = Duration::from_millis(2);
 impl Core {
     /// Whether workers take new submissions from the inbox.
     pub(crate) fn accepts(&self) -> bool {
-        self.control.paused.is_none() && self.control.swap.is_none()
+        self.control.paused.is_none() && self.control.swap.is_none() && !self.control.released.any()
     }
 
     /// Nothing submitted before now still runs or waits (a paused engine's
@@ -130,11 +164,19 @@ impl Core {
     pub(crate) fn control_point(&mut self, r: usize) -> Point {
         if let Some(swap) = &self.control.swap {
             if swap.done.get(r).is_some_and(Option::is_none) && self.drained() {
-                return Point::Swap(swap.model.clone());
+                return Point::Swap(swap.op.clone());
             }
             if swap.done.get(r).is_some_and(Option::is_some) {
                 return Point::Hold { idle: true };
             }
+        }
+        if self.control.released.any() {
+            // Nothing runs or waits while memory is released: a pause asked
+            // for meanwhile is carried out as it stands.
+            if let Some(a) = self.control.applied.get_mut(r) {
+                *a = true;
+            }
+            return Point::Hold { idle: true };
         }
         let Some(mode) = self.control.paused else {
             return Point::Run;
@@ -146,7 +188,8 @@ impl Core {
         match mode {
             // Keep planning: cancelled requests end at the plan, queued
             // ones as soon as they are admitted (no step runs for them).
-            PauseMode::Abort => Point::Run,
+            // `wait`: what runs and waits runs to its end.
+            PauseMode::Abort | PauseMode::Wait => Point::Run,
             PauseMode::Retract if first => {
                 let now = self.now();
                 let retracted = self.replicas.retract(r, now);
@@ -164,7 +207,17 @@ impl Core {
         }
     }
 
-    /// Replica `r`'s worker gave its runner the pending weights.
+    /// Sets `op` for every worker to carry out at its next step boundary
+    /// (the caller checked that none is pending).
+    pub(crate) fn start_op(&mut self, op: RunnerOp) {
+        let n = self.replicas.num_replicas();
+        self.control.swap = Some(PendingSwap {
+            op,
+            done: vec![None; n],
+        });
+    }
+
+    /// Replica `r`'s worker carried out the pending [`RunnerOp`].
     pub(crate) fn swap_done(&mut self, r: usize, result: Result<(), String>) {
         if let Some(d) = self.control.swap.as_mut().and_then(|s| s.done.get_mut(r)) {
             *d = Some(result);
@@ -212,7 +265,7 @@ impl Core {
 
     /// Forgets every cached block no running program holds, on every
     /// replica. Returns the device blocks freed.
-    fn flush_kv(&mut self) -> usize {
+    pub(crate) fn flush_kv(&mut self) -> usize {
         let mut freed = 0;
         for r in 0..self.replicas.num_replicas() {
             let running: Vec<ProgramId> = self.replicas.running(r).to_vec();
@@ -225,7 +278,7 @@ impl Core {
 /// The checks that the new weights fit the running engine: the same
 /// family and every dimension the KV cache, the batch and the sampler
 /// depend on (the stored dtype may differ: the loader widens it).
-fn check_compatible(old: &ModelConfig, new: &ModelConfig) -> Result<(), ControlError> {
+pub(crate) fn check_compatible(old: &ModelConfig, new: &ModelConfig) -> Result<(), ControlError> {
     let dims = |c: &ModelConfig| {
         [
             c.vocab_size,
@@ -298,11 +351,13 @@ impl Engine {
         shared.wake_all();
         tracing::info!(mode = mode.as_str(), aborted, "pausing generation");
         self.wait_for(|core| match mode {
-            PauseMode::Abort => core.num_running() == 0 && core.num_waiting() == 0,
+            PauseMode::Abort | PauseMode::Wait => {
+                core.num_running() == 0 && core.num_waiting() == 0
+            }
             _ => core.control.applied.iter().all(|&a| a),
         });
         match mode {
-            PauseMode::Abort => aborted,
+            PauseMode::Abort | PauseMode::Wait => aborted,
             _ => {
                 let core = shared.lock();
                 core.num_running() + core.num_waiting()
@@ -378,31 +433,13 @@ impl Engine {
             if core.control.paused == Some(PauseMode::InPlace) && running > 0 {
                 return Err(ControlError::PausedInPlace { running });
             }
-            let n = core.replicas.num_replicas();
-            core.control.swap = Some(PendingSwap {
-                model,
-                done: vec![None; n],
-            });
+            if core.control.released.weights {
+                return Err(ControlError::WeightsReleased);
+            }
+            core.start_op(RunnerOp::Weights(model));
         }
         shared.wake_all();
-        self.wait_for(|core| {
-            core.control
-                .swap
-                .as_ref()
-                .is_none_or(|s| s.done.iter().all(Option::is_some))
-        });
-        let mut core = shared.lock();
-        let Some(swap) = core.control.swap.take() else {
-            return Err(ControlError::ShuttingDown);
-        };
-        let failed = swap
-            .done
-            .into_iter()
-            .enumerate()
-            .find_map(|(replica, d)| match d {
-                Some(Err(message)) => Some(ControlError::Swap { replica, message }),
-                _ => None,
-            });
+        let (mut core, failed) = self.finish_op()?;
         // Flushed even when a replica failed: blocks computed by either
         // version must not be reused by the other.
         let blocks_flushed = core.flush_kv();
@@ -420,6 +457,33 @@ impl Engine {
             num_paused_requests,
             blocks_flushed,
         })
+    }
+
+    /// Waits until every worker carried out the pending [`RunnerOp`]
+    /// ([`Core::start_op`]) and takes it; returns the lock and the first
+    /// replica's failure.
+    pub(crate) fn finish_op(
+        &self,
+    ) -> Result<(crate::worker::Held<'_>, Option<ControlError>), ControlError> {
+        self.wait_for(|core| {
+            core.control
+                .swap
+                .as_ref()
+                .is_none_or(|s| s.done.iter().all(Option::is_some))
+        });
+        let mut core = self.shared().lock();
+        let Some(swap) = core.control.swap.take() else {
+            return Err(ControlError::ShuttingDown);
+        };
+        let failed = swap
+            .done
+            .into_iter()
+            .enumerate()
+            .find_map(|(replica, d)| match d {
+                Some(Err(message)) => Some(ControlError::Swap { replica, message }),
+                _ => None,
+            });
+        Ok((core, failed))
     }
 
     /// Waits until `done` holds (or the engine shuts down).

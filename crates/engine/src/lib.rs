@@ -28,12 +28,14 @@ mod engine;
 mod inbox;
 mod kv_events;
 mod lifecycle;
+mod memory;
 mod metrics;
 mod outbox;
 mod prompt_lp;
 mod trace;
 mod worker;
 
+pub use agentd_models::MemoryTags;
 pub use api::{
     EndReason, EngineError, Event, FinishReason, GenerateRequest, GroupTag, ProgramEnded,
     ProgramStatus, TokenEvent, Usage,

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use tracing::{error, info, warn};
 
 use crate::board::{Board, Snapshot};
-use crate::control::Point;
+use crate::control::{Point, RunnerOp};
 use crate::core::{Core, Sampled, SeqPlan};
 use crate::inbox::Inbox;
 use crate::outbox::Outbox;
@@ -210,8 +210,8 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
     while let Some(next) = next_plan(r, &shared, &mut pending) {
         let (mut plan, copies) = match next {
             Next::Step(plan, copies) => (plan, copies),
-            Next::Swap(model, copies) => {
-                swap(r, &shared, runner.as_mut(), model, &copies);
+            Next::Swap(op, copies) => {
+                swap(r, &shared, runner.as_mut(), op, &copies);
                 continue;
             }
         };
@@ -259,21 +259,21 @@ fn swap(
     r: usize,
     shared: &Shared,
     runner: &mut dyn StepRunner,
-    model: Arc<agentd_models::Model>,
+    op: RunnerOp,
     copies: &[BlockCopy],
 ) {
     let t = Instant::now();
     let result = runner
         .copy_blocks(copies)
-        .and_then(|()| runner.swap_model(model))
+        .and_then(|()| op.apply(runner))
         .map_err(|e| e.to_string());
     match &result {
         Ok(()) => info!(
             replica = r,
             seconds = t.elapsed().as_secs_f64(),
-            "weights swapped"
+            "runner weights or memory changed"
         ),
-        Err(e) => error!(replica = r, error = %e, "weight swap failed"),
+        Err(e) => error!(replica = r, error = %e, "changing the runner's weights or memory failed"),
     }
     shared.lock().swap_done(r, result);
     shared.wake_all();
@@ -402,10 +402,10 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
         }
         match core.control_point(r) {
             Point::Run => {}
-            Point::Swap(model) => {
+            Point::Swap(op) => {
                 drop(core);
                 pending.take().deliver();
-                return Some(Next::Swap(model, copies));
+                return Some(Next::Swap(op, copies));
             }
             Point::Hold { idle } => {
                 if idle && !fresh {
@@ -435,8 +435,8 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
 enum Next {
     /// Run this batch, after these copies between the KV tiers.
     Step(Vec<SeqPlan>, Vec<BlockCopy>),
-    /// Swap the runner's weights, after these copies.
-    Swap(Arc<agentd_models::Model>, Vec<BlockCopy>),
+    /// Change the runner's weights or memory, after these copies.
+    Swap(RunnerOp, Vec<BlockCopy>),
 }
 
 /// Runs the model on the planned batch, in plan order: one logits row per

@@ -29,6 +29,7 @@ pub mod layers;
 pub mod loader;
 pub mod logits;
 mod matmul;
+pub mod memory;
 pub mod mlp;
 pub mod model;
 pub mod moe;
@@ -51,6 +52,7 @@ pub use cpu_kernels::KernelPath;
 pub use error::{ModelError, Result};
 pub use loader::LoadDtype;
 pub use logits::Logits;
+pub use memory::MemoryTags;
 pub use model::{Model, Qwen3Model};
 pub use runner::{CpuRunner, StepRunner};
 pub use sampling::{

@@ -10,6 +10,7 @@ use crate::attention::PagedKvCache;
 use crate::batch::BatchInput;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
+use crate::memory::{trim_heap, MemoryTags};
 use crate::model::Model;
 
 /// One replica's model and cache.
@@ -55,6 +56,22 @@ pub trait StepRunner: Send {
         })
     }
 
+    /// Gives the `tags` regions back to the system (SGLang's
+    /// `release_memory_occupation`): the KV pool's storage (its contents
+    /// are lost; the engine flushed every block first) and the weights.
+    /// The engine runs no step until [`StepRunner::resume_memory`]. An
+    /// error when the runner cannot.
+    fn release_memory(&mut self, tags: MemoryTags) -> Result<()> {
+        Err(no_release(&self.device(), tags))
+    }
+
+    /// Takes the released `tags` regions again: a zeroed KV pool, and
+    /// `weights` (loaded by the caller) when the weights were released.
+    fn resume_memory(&mut self, tags: MemoryTags, weights: Option<Arc<Model>>) -> Result<()> {
+        drop(weights);
+        Err(no_release(&self.device(), tags))
+    }
+
     /// Carries out the allocator's copies between the tiers, in order
     /// (before the next [`StepRunner::step`]).
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
@@ -62,6 +79,13 @@ pub trait StepRunner: Send {
             true => Ok(()),
             false => Err(no_host_tier(&self.device())),
         }
+    }
+}
+
+fn no_release(device: &str, tags: MemoryTags) -> ModelError {
+    ModelError::Backend {
+        backend: "runner",
+        message: format!("{device} cannot release or resume {:?}", tags.names()),
     }
 }
 
@@ -75,7 +99,8 @@ fn no_host_tier(device: &str) -> ModelError {
 /// The CPU runtime on its own rayon pool (replicas split the cores, so they
 /// never fight over one pool).
 pub struct CpuRunner {
-    model: Arc<Model>,
+    /// `None` while the weights are released.
+    model: Option<Arc<Model>>,
     cache: PagedKvCache,
     /// The host tier's slots, when enabled: on the CPU both tiers are host
     /// memory, so a copy is a `memcpy` of one block per layer.
@@ -103,7 +128,7 @@ impl CpuRunner {
                 message: format!("thread pool: {e}"),
             })?;
         Ok(CpuRunner {
-            model,
+            model: Some(model),
             cache,
             host: None,
             pool,
@@ -117,7 +142,13 @@ impl CpuRunner {
 
 impl StepRunner for CpuRunner {
     fn step(&mut self, batch: &BatchInput) -> Result<Logits> {
-        let (model, cache) = (&self.model, &mut self.cache);
+        let (Some(model), false) = (&self.model, self.cache.is_released()) else {
+            return Err(ModelError::Backend {
+                backend: "cpu",
+                message: "a step while memory is released".into(),
+            });
+        };
+        let cache = &mut self.cache;
         let logits = self.pool.install(|| model.forward(batch, cache))?;
         if batch.logits_indices.is_empty() {
             return Ok(Logits::empty());
@@ -144,7 +175,42 @@ impl StepRunner for CpuRunner {
     fn swap_model(&mut self, model: Arc<Model>) -> Result<()> {
         self.cache.check_model(model.config())?;
         // The old weights are freed when the last replica lets go of them.
-        self.model = model;
+        self.model = Some(model);
+        Ok(())
+    }
+
+    /// Drops the pool's storage (and the host tier's: the flush forgot its
+    /// blocks too) and this replica's hold on the weights, then trims the
+    /// heap. The weights' memory returns once every replica let go.
+    fn release_memory(&mut self, tags: MemoryTags) -> Result<()> {
+        if tags.kv_cache {
+            self.cache.release();
+            if let Some(h) = self.host.as_mut() {
+                h.release();
+            }
+        }
+        if tags.weights {
+            self.model = None;
+        }
+        trim_heap();
+        Ok(())
+    }
+
+    fn resume_memory(&mut self, tags: MemoryTags, weights: Option<Arc<Model>>) -> Result<()> {
+        if tags.weights {
+            let model = weights.ok_or_else(|| ModelError::Backend {
+                backend: "cpu",
+                message: "resuming the weights needs the loaded model".into(),
+            })?;
+            self.cache.check_model(model.config())?;
+            self.model = Some(model);
+        }
+        if tags.kv_cache {
+            self.cache.restore()?;
+            if let Some(h) = self.host.as_mut() {
+                h.restore()?;
+            }
+        }
         Ok(())
     }
 

@@ -29,6 +29,7 @@ use crate::program_id::ProgramRef;
 use crate::responses::store::ResponseStore;
 use crate::routes;
 use crate::routes::sglang::control as sgl;
+use crate::routes::sglang::memory as sgl_mem;
 use crate::tenant::ApiKeys;
 use crate::tombstone::Tombstones;
 
@@ -94,6 +95,9 @@ pub struct AppState {
     /// The dtype `/update_weights_from_disk` loads new weights in (`--dtype`;
     /// the logits do not depend on it, only the memory does).
     pub weights_dtype: agentd_models::LoadDtype,
+    /// vLLM's dev-mode routes are served (`VLLM_SERVER_DEV_MODE=1`;
+    /// `routes::vllm_dev`).
+    pub dev_mode: bool,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -210,6 +214,7 @@ impl AppState {
             sampling_defaults: SamplingParams::default(),
             rl: Arc::new(crate::rl::RlState::new(dir.clone())),
             weights_dtype: agentd_models::LoadDtype::Auto,
+            dev_mode: false,
         })
     }
 
@@ -310,6 +315,14 @@ pub fn router(state: SharedState) -> Router {
             "/update_weights_from_disk",
             post(sgl::update_weights_from_disk),
         )
+        .route(
+            "/release_memory_occupation",
+            get(sgl_mem::release_memory_occupation).post(sgl_mem::release_memory_occupation),
+        )
+        .route(
+            "/resume_memory_occupation",
+            get(sgl_mem::resume_memory_occupation).post(sgl_mem::resume_memory_occupation),
+        )
         .route("/metrics", get(routes::info::metrics))
         .route("/programs", get(routes::programs::list))
         .route("/programs/release", post(routes::programs::release))
@@ -319,6 +332,10 @@ pub fn router(state: SharedState) -> Router {
             "/programs/{id}/environment",
             post(routes::tools::prepare).get(routes::tools::environment),
         )
+        .merge(match state.dev_mode {
+            true => routes::vllm_dev::router(),
+            false => Router::new(),
+        })
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,

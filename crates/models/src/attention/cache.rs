@@ -110,6 +110,27 @@ impl PagedKvCache {
         &self.layers[layer]
     }
 
+    /// Frees the K and V storage, keeping the geometry: the pool's memory
+    /// goes back to the system (`memory::trim_heap` after the drop) until
+    /// [`PagedKvCache::restore`]. The runner refuses steps meanwhile.
+    pub fn release(&mut self) {
+        self.layers = Vec::new();
+    }
+
+    /// Whether [`PagedKvCache::release`] freed the storage.
+    pub fn is_released(&self) -> bool {
+        self.layers.len() != self.cfg.num_layers
+    }
+
+    /// Allocates the storage of a released cache again, zeroed (mapped
+    /// lazily: memory is taken as blocks are written, as at start).
+    pub fn restore(&mut self) -> Result<()> {
+        if self.is_released() {
+            *self = Self::new(self.cfg)?;
+        }
+        Ok(())
+    }
+
     /// Checks that this cache was made for `model`'s geometry.
     pub fn check_model(&self, model: &ModelConfig) -> Result<()> {
         let c = &self.cfg;

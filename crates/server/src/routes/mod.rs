@@ -8,3 +8,4 @@ pub mod responses;
 pub mod sglang;
 pub mod tokenize;
 pub mod tools;
+pub mod vllm_dev;

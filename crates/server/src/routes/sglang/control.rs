@@ -23,7 +23,9 @@ use crate::error::ApiError;
 const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A body that may be empty (SGLang's optional request models): `{}` then.
-fn body_or_default<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, ApiError> {
+pub(crate) fn body_or_default<T: for<'de> Deserialize<'de> + Default>(
+    body: &Bytes,
+) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -31,7 +33,7 @@ fn body_or_default<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Resu
 }
 
 /// Runs a blocking engine command on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -155,6 +157,7 @@ pub async fn server_info(State(state): State<SharedState>) -> Json<Value> {
         "internal_states": [{
             "paused": paused,
             "num_requests": state.engine.num_requests(),
+            "memory_released": state.engine.released_memory().names(),
         }],
     }))
 }

@@ -1,0 +1,219 @@
+//! vLLM's dev-mode routes over the real server (issue 31): absent unless
+//! dev mode is on (`VLLM_SERVER_DEV_MODE=1` in `agentd serve`); `/pause`
+//! in vLLM's three modes with a request in flight, `/resume`,
+//! `/is_paused`, `/sleep` at levels 1 and 2 and `/wake_up` by tags (the
+//! same greedy tokens after), `/is_sleeping`, `/reset_prefix_cache`,
+//! `/get_world_size`, `/weight_info`, and clear 400s for bad queries. Each
+//! test has its own server: a pause stops every request of its engine.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use agentd_engine::Engine;
+use agentd_server::AppState;
+use common::{get, model_dir, post, request, start, start_state, test_config, MODEL};
+use serde_json::{json, Value};
+
+fn dev_server() -> SocketAddr {
+    let engine = Engine::start(model_dir(), test_config()).expect("engine");
+    let mut state = AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state");
+    state.dev_mode = true;
+    start_state(Arc::new(state))
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v["output_ids"]
+        .as_array()
+        .expect("output_ids")
+        .iter()
+        .map(|t| t.as_u64().expect("an id"))
+        .collect()
+}
+
+fn body(rid: &str, max_new_tokens: u64) -> Value {
+    json!({"text": "The history of the world in one long sentence", "rid": rid,
+           "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": true}})
+}
+
+fn generate_in_thread(addr: SocketAddr, body: Value) -> JoinHandle<Value> {
+    std::thread::spawn(move || {
+        let r = post(addr, "/generate", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    })
+}
+
+/// Waits until the engine has `n` requests running or waiting.
+fn wait_requests(addr: SocketAddr, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(addr, "/server_info").json()["internal_states"][0]["num_requests"] != n {
+        assert!(Instant::now() < deadline, "never {n} requests");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn post_q(addr: SocketAddr, path_and_query: &str) -> common::Resp {
+    request(addr, "POST", path_and_query, &[], Some(""))
+}
+
+#[test]
+fn dev_routes_are_absent_without_dev_mode() {
+    let addr = start(None);
+    for path in [
+        "/pause",
+        "/resume",
+        "/sleep",
+        "/wake_up",
+        "/reset_prefix_cache",
+    ] {
+        let r = post_q(addr, path);
+        assert_eq!(r.status, 404, "{path}: {}", r.body);
+    }
+    assert_eq!(get(addr, "/is_paused").status, 404);
+}
+
+#[test]
+fn pause_modes_resume_and_reset_prefix_cache() {
+    let addr = dev_server();
+    assert_eq!(get(addr, "/is_paused").json(), json!({"is_paused": false}));
+    assert_eq!(
+        get(addr, "/get_world_size").json(),
+        json!({"world_size": 1})
+    );
+    assert_eq!(
+        get(addr, "/weight_info").json(),
+        json!({"weight_version": "default"})
+    );
+    let r = post(addr, "/generate", &body("ref", 400));
+    let want = ids(&r.json());
+
+    // keep: the request stops with its KV and resumes to the same tokens.
+    let t = generate_in_thread(addr, body("keep", 400));
+    wait_requests(addr, 1);
+    let r = post_q(addr, "/pause?mode=keep");
+    assert_eq!(
+        (r.status, r.json()),
+        (200, json!({"status": "paused"})),
+        "{}",
+        r.body
+    );
+    assert_eq!(get(addr, "/is_paused").json(), json!({"is_paused": true}));
+    // Its blocks are held: the prefix cache cannot be reset.
+    assert_eq!(
+        post_q(addr, "/reset_prefix_cache").json(),
+        json!({"success": false})
+    );
+    let late = generate_in_thread(addr, body("late", 3));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!late.is_finished(), "a request ran while paused");
+    let r = post_q(addr, "/resume");
+    assert_eq!((r.status, r.json()), (200, json!({"status": "resumed"})));
+    assert_eq!(ids(&t.join().expect("keep")), want, "keep resumes exactly");
+    assert_eq!(
+        late.join().expect("late")["meta_info"]["completion_tokens"],
+        3
+    );
+
+    // wait: /pause returns once the running request finished by itself.
+    let t = generate_in_thread(addr, body("wait", 200));
+    wait_requests(addr, 1);
+    let r = post_q(addr, "/pause?mode=wait&clear_cache=false");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let done = t.join().expect("wait");
+    assert_eq!(done["meta_info"]["finish_reason"]["type"], "length");
+    assert_eq!(done["meta_info"]["completion_tokens"], 200);
+    let late = generate_in_thread(addr, body("late2", 2));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!late.is_finished(), "a request ran while paused (wait)");
+    post_q(addr, "/resume");
+    late.join().expect("late2");
+
+    // abort (the default): the running request ends with abort.
+    let t = generate_in_thread(addr, body("abort", 1500));
+    wait_requests(addr, 1);
+    assert_eq!(post_q(addr, "/pause").status, 200);
+    let last = t.join().expect("abort");
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "abort");
+    post_q(addr, "/resume");
+    assert_eq!(
+        post_q(addr, "/reset_prefix_cache").json(),
+        json!({"success": true})
+    );
+
+    for q in [
+        "/pause?mode=later",
+        "/pause?clear_cache=maybe",
+        "/pause?mode=%zz",
+    ] {
+        let r = post_q(addr, q);
+        assert_eq!(r.status, 400, "{q}: {}", r.body);
+        assert!(r.json()["error"]["message"].is_string(), "{}", r.body);
+    }
+    assert_eq!(get(addr, "/is_paused").json(), json!({"is_paused": false}));
+}
+
+#[test]
+fn sleep_and_wake_up_by_level_and_tags() {
+    let addr = dev_server();
+    let want = ids(&post(addr, "/generate", &body("ref", 40)).json());
+    let sleeping = |addr| get(addr, "/is_sleeping").json()["is_sleeping"].clone();
+    assert_eq!(sleeping(addr), json!(false));
+
+    // Level 1: the KV pool; a request waits for the wake-up.
+    let r = post_q(addr, "/sleep?level=1");
+    assert_eq!((r.status, r.body.as_str()), (200, ""), "{}", r.body);
+    assert_eq!(sleeping(addr), json!(true));
+    let info = get(addr, "/server_info").json();
+    assert_eq!(
+        info["internal_states"][0]["memory_released"],
+        json!(["kv_cache"])
+    );
+    let held = generate_in_thread(addr, body("held", 40));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!held.is_finished(), "a request ran while asleep");
+    let r = post_q(addr, "/wake_up");
+    assert_eq!((r.status, r.body.as_str()), (200, ""), "{}", r.body);
+    assert_eq!(sleeping(addr), json!(false));
+    assert_eq!(ids(&held.join().expect("held")), want);
+
+    // Level 2 (weights too, with a request running: aborted first); woken
+    // tag by tag, the weights read again from disk.
+    let t = generate_in_thread(addr, body("running", 1500));
+    wait_requests(addr, 1);
+    assert_eq!(post_q(addr, "/sleep?level=2").status, 200);
+    assert_eq!(
+        t.join().expect("running")["meta_info"]["finish_reason"]["type"],
+        "abort"
+    );
+    let info = get(addr, "/server_info").json();
+    assert_eq!(
+        info["internal_states"][0]["memory_released"],
+        json!(["weights", "kv_cache"])
+    );
+    assert_eq!(post_q(addr, "/wake_up?tags=weights").status, 200);
+    assert_eq!(sleeping(addr), json!(true), "the KV pool still sleeps");
+    assert_eq!(post_q(addr, "/wake_up?tags=kv_cache").status, 200);
+    assert_eq!(sleeping(addr), json!(false));
+    assert_eq!(
+        ids(&post(addr, "/generate", &body("after", 40)).json()),
+        want
+    );
+
+    for (q, want_status) in [
+        ("/wake_up", 400),              // nothing asleep
+        ("/wake_up?tags=weights", 400), // not asleep
+        ("/wake_up?tags=vram", 400),    // no such tag
+        ("/sleep?level=3", 400),        // vLLM has levels 1 and 2
+        ("/sleep?mode=keep", 400),      // kept requests hold the KV
+    ] {
+        let r = post_q(addr, q);
+        assert_eq!(r.status, want_status, "{q}: {}", r.body);
+        assert!(r.json()["error"]["message"].is_string(), "{}", r.body);
+    }
+    assert_eq!(sleeping(addr), json!(false));
+    assert_eq!(ids(&post(addr, "/generate", &body("end", 40)).json()), want);
+}
