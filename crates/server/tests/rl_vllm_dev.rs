@@ -3,7 +3,8 @@
 //! in vLLM's three modes with a request in flight, `/resume`,
 //! `/is_paused`, `/sleep` at levels 1 and 2 and `/wake_up` by tags (the
 //! same greedy tokens after), `/is_sleeping`, `/reset_prefix_cache`,
-//! `/get_world_size`, `/weight_info`, and clear 400s for bad queries. Each
+//! `/get_world_size`, `/weight_info`, `/abort_requests`, and clear 400s
+//! for bad queries. Each
 //! test has its own server: a pause stops every request of its engine.
 
 mod common;
@@ -143,6 +144,37 @@ fn pause_modes_resume_and_reset_prefix_cache() {
         post_q(addr, "/reset_prefix_cache").json(),
         json!({"success": true})
     );
+
+    // /abort_requests: by rid, or everything; no pause.
+    let t = generate_in_thread(addr, body("by-id", 1500));
+    wait_requests(addr, 1);
+    let r = post(addr, "/abort_requests", &json!({"request_ids": ["by-id"]}));
+    assert_eq!(
+        r.json(),
+        json!({"status": "aborted", "aborted": 1}),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        t.join().expect("by-id")["meta_info"]["finish_reason"]["type"],
+        "abort"
+    );
+    let t = generate_in_thread(addr, body("all", 1500));
+    wait_requests(addr, 1);
+    let r = post(addr, "/abort_requests", &json!({}));
+    assert_eq!(
+        r.json(),
+        json!({"status": "aborted", "aborted": 1}),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        t.join().expect("all")["meta_info"]["finish_reason"]["type"],
+        "abort"
+    );
+    let r = request(addr, "POST", "/abort_requests", &[], Some("{"));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(get(addr, "/is_paused").json(), json!({"is_paused": false}));
 
     for q in [
         "/pause?mode=later",

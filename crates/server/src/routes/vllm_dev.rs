@@ -2,13 +2,14 @@
 //! switch; `agentd serve` reads it, [`dev_mode_from_env`]), as RL trainers
 //! drive vLLM (SkyRL, prime-rl, AReaL's vLLM path). Paths, query
 //! parameters and bodies as in `vllm/entrypoints/serve/dev/`
-//! (`rlhf/api_router.py`: `/pause`, `/resume`, `/is_paused`,
+//! (`rlhf/api_router.py`: `/pause`, `/resume`, `/is_paused`, `/abort_requests`,
 //! `/get_world_size`, `/weight_info`; `sleep/api_router.py`: `/sleep`,
 //! `/wake_up`, `/is_sleeping`; `cache/api_router.py`:
 //! `/reset_prefix_cache`), mapped onto the same engine controls as
 //! SGLang's routes. Errors are the server's JSON errors.
 
 use agentd_engine::{MemoryTags, PauseMode};
+use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -42,6 +43,7 @@ pub fn router() -> Router<SharedState> {
         .route("/pause", post(pause))
         .route("/resume", post(resume_generation))
         .route("/is_paused", get(is_paused))
+        .route("/abort_requests", post(abort_requests))
         .route("/sleep", post(sleep))
         .route("/wake_up", post(wake_up))
         .route("/is_sleeping", get(is_sleeping))
@@ -155,6 +157,33 @@ async fn pause(
 async fn resume_generation(State(state): State<SharedState>) -> Json<Value> {
     state.engine.resume();
     Json(json!({"status": "resumed"}))
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct AbortRequestsReq {
+    #[serde(default)]
+    request_ids: Option<Vec<String>>,
+}
+
+/// `POST /abort_requests {request_ids?}`: `{"status": "aborted",
+/// "aborted": n}` without pausing; no ids aborts everything in the engine.
+/// Ids are the `rid`s of `/generate` requests in flight (unknown ones are
+/// counted, as vLLM counts the ids it was given).
+async fn abort_requests(
+    State(state): State<SharedState>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: AbortRequestsReq = super::sglang::control::body_or_default(&body)?;
+    let aborted = match req.request_ids.filter(|ids| !ids.is_empty()) {
+        Some(ids) => {
+            for id in &ids {
+                state.rl.abort(id);
+            }
+            ids.len()
+        }
+        None => state.engine.abort_all(),
+    };
+    Ok(Json(json!({"status": "aborted", "aborted": aborted})))
 }
 
 /// `GET /is_paused`: `{"is_paused": bool}`.
