@@ -79,25 +79,18 @@ unsafe fn passes<W: WeightElem, const T: usize>(
         let lead = (16 - (wp[0] as usize / size) % 16) % 16;
         let mut k0 = lead.min(k);
         if k0 > 0 {
+            super::prefetch_next_pass(wp[0], PASS_ROWS, k, 0, k0);
             partial::<W, T>(&wp, x.as_ptr(), k, 0, k0, &mut acc);
         }
         while k0 + 16 <= k {
-            // The same columns of the next pass's rows, a line per row
-            // (every 16 f32 or 32 16-bit weights), into L2, so the next pass
-            // starts on cached lines. `wrapping_add`: past the last row it
-            // is only a hint, never read.
-            if (wp[0] as usize + k0 * size) % 64 < 16 * size {
-                for p in wp {
-                    let ahead = p.wrapping_add(PASS_ROWS * k + k0);
-                    _mm_prefetch::<_MM_HINT_T1>(ahead.cast::<i8>());
-                }
-            }
+            super::prefetch_next_pass(wp[0], PASS_ROWS, k, k0, 16);
             let mut tile: [__m512; 16] = std::array::from_fn(|j| load16(wp[j].add(k0), 16, !0));
             transpose16(&mut tile);
             fma_columns::<T, 16>(&tile, x.as_ptr().add(k0), k, &mut acc);
             k0 += 16;
         }
         if k0 < k {
+            super::prefetch_next_pass(wp[0], PASS_ROWS, k, k0, k - k0);
             partial::<W, T>(&wp, x.as_ptr(), k, k0, k - k0, &mut acc);
         }
         let m = ((1u32 << rr) - 1) as __mmask16;

@@ -98,15 +98,14 @@ unsafe fn pass<W: WeightElem, const T: usize>(
     let lead = (8 - (wp[0] as usize / size) % 8) % 8;
     let mut k0 = lead.min(k);
     if k0 > 0 {
+        if prefetch {
+            super::prefetch_next_pass(wp[0], PASS_ROWS, k, 0, k0);
+        }
         partial::<W, T>(wp, x, k, 0, k0, &mut acc);
     }
     while k0 + 8 <= k {
-        // As in `small`: the next pass's rows, a line per row, into L2.
-        if prefetch && (wp[0] as usize + k0 * size) % 64 < 8 * size {
-            for p in wp {
-                let ahead = p.wrapping_add(PASS_ROWS * k + k0);
-                _mm_prefetch::<_MM_HINT_T1>(ahead.cast::<i8>());
-            }
+        if prefetch {
+            super::prefetch_next_pass(wp[0], PASS_ROWS, k, k0, 8);
         }
         let mut tile: [__m256; 8] = std::array::from_fn(|j| load8(wp[j].add(k0), 8));
         transpose8(&mut tile);
@@ -119,6 +118,9 @@ unsafe fn pass<W: WeightElem, const T: usize>(
         k0 += 8;
     }
     if k0 < k {
+        if prefetch {
+            super::prefetch_next_pass(wp[0], PASS_ROWS, k, k0, k - k0);
+        }
         partial::<W, T>(wp, x, k, k0, k - k0, &mut acc);
     }
     for tt in 0..T {
