@@ -156,7 +156,7 @@ impl Core {
     /// queue is left for after the resume).
     fn drained(&self) -> bool {
         self.num_running() == 0
-            && self.in_flight.iter().all(|s| s.is_empty())
+            && !self.stepping()
             && (self.control.paused.is_some() || self.num_waiting() == 0)
     }
 
@@ -192,7 +192,11 @@ impl Core {
             PauseMode::Abort | PauseMode::Wait => Point::Run,
             PauseMode::Retract if first => {
                 let now = self.now();
-                let retracted = self.replicas.retract(r, now);
+                // At the boundary: no step of `r` is open.
+                let retracted = self.replicas.retract(r, now).unwrap_or_else(|e| {
+                    tracing::error!(replica = r, error = %e, "retract refused");
+                    Vec::new()
+                });
                 for &p in &retracted {
                     self.note_pause(p, crate::trace::RETRACTED);
                 }
@@ -264,12 +268,14 @@ impl Core {
     }
 
     /// Forgets every cached block no running program holds, on every
-    /// replica. Returns the device blocks freed.
+    /// replica (called with no step open). Returns the device blocks freed.
     pub(crate) fn flush_kv(&mut self) -> usize {
         let mut freed = 0;
         for r in 0..self.replicas.num_replicas() {
-            let running: Vec<ProgramId> = self.replicas.running(r).to_vec();
-            freed += self.replicas.kv[r].flush(|p| running.contains(&p));
+            match self.replicas.flush(r) {
+                Ok(n) => freed += n,
+                Err(e) => tracing::error!(replica = r, error = %e, "flush refused"),
+            }
         }
         freed
     }
@@ -405,8 +411,7 @@ impl Engine {
         let mut core = self.shared().lock();
         let (running, waiting) = (core.num_running(), core.num_waiting());
         let retracted = core.control.paused == Some(PauseMode::Retract);
-        let in_flight = core.in_flight.iter().any(|s| !s.is_empty());
-        if running > 0 || in_flight || (waiting > 0 && !retracted) {
+        if running > 0 || core.stepping() || (waiting > 0 && !retracted) {
             return Err(ControlError::Busy { running, waiting });
         }
         let freed = core.flush_kv();

@@ -4,14 +4,14 @@
 //! Workers call in here under one mutex, for bookkeeping only: no tensors, no
 //! sampling (the worker samples outside the lock).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use agentd_kv::{BlockCopy, ProgramId};
 use agentd_models::{SampleOutput, SequenceSampler};
-use agentd_scheduler::{build_policy, Contexts, GroupId, ReplicaSet, ToolId};
+use agentd_scheduler::{build_policy, Contexts, GroupId, ReplicaSet, Step, StepError, ToolId};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::debug;
 use tracing::error;
@@ -180,8 +180,9 @@ pub(crate) struct Core {
     pub replicas: ReplicaSet,
     pub names: HashMap<String, ProgramId>,
     pub programs: HashMap<ProgramId, Prog>,
-    /// Programs inside each replica's model forward right now.
-    pub in_flight: Vec<HashSet<ProgramId>>,
+    /// Each replica's open step, from its plan to its end (the programs
+    /// in its batch are inside the model forward: a release waits for them).
+    steps: Vec<Option<Step>>,
     pub counters: Counters,
     pub started: Instant,
     pub shutdown: bool,
@@ -212,7 +213,7 @@ impl Core {
             .with_host_tier(cfg.host_blocks),
             names: HashMap::new(),
             programs: HashMap::new(),
-            in_flight: vec![HashSet::new(); n],
+            steps: (0..n).map(|_| None).collect(),
             counters: Counters::default(),
             started: Instant::now(),
             shutdown: false,
@@ -401,13 +402,27 @@ impl Core {
     }
 
     /// Step bookkeeping before the forward of replica `r`: cancellations,
-    /// the core's schedule (leases, the policy's decision), and the batch.
+    /// then its [`Step`] begun (leases, the policy's decision) and planned.
+    /// A step with a batch stays open until [`Core::end_step`] or
+    /// [`Core::abort_step`]; one without is finished here.
     pub fn plan(&mut self, r: usize) -> StepBatch {
         let now = self.now();
-        let mut changed = self.finish_cancelled(r);
+        let mut batch = StepBatch {
+            seqs: Vec::new(),
+            copies: Vec::new(),
+            changed: self.finish_cancelled(r),
+        };
         let before = agentd_scheduler::Policy::stats(&self.replicas.policy);
-        let sched = self.replicas.schedule(r, now, &Requests(&self.programs));
-        changed |= !(sched.expired.is_empty() && sched.decision.is_empty());
+        let begun = self.replicas.begin_step(r, now, &Requests(&self.programs));
+        let mut step = match begun {
+            Ok(step) => step,
+            Err(e) => {
+                protocol_bug(r, &e);
+                return batch;
+            }
+        };
+        let sched = step.scheduled();
+        batch.changed |= !(sched.expired.is_empty() && sched.decision.is_empty());
         if !sched.decision.pause.is_empty() {
             let after = agentd_scheduler::Policy::stats(&self.replicas.policy);
             let cause = trace::pause_cause(&before, &after);
@@ -415,34 +430,53 @@ impl Core {
                 self.note_pause(p, cause);
             }
         }
-        for p in sched.expired {
+        for &p in &sched.expired {
             if let Some(prog) = self.programs.get_mut(&p) {
                 prog.release_pending = true;
                 prog.end_reason = Some(EndReason::LeaseExpired);
             }
             self.reap(p);
         }
-        for st in sched.started {
+        for &st in &sched.started {
             self.note_start(st);
         }
         // An admitted request cancelled while it waited ends here, before
         // any step computes its prompt.
-        changed |= self.finish_cancelled(r);
+        batch.changed |= self.finish_cancelled(r);
         let budget = self.cfg.max_num_batched_tokens;
-        let step = self
-            .replicas
-            .plan_batch(r, now, budget, &Requests(&self.programs));
-        changed |= !(step.seqs.is_empty() && step.preempted.is_empty());
-        for &p in &step.preempted {
+        let planned = step.plan(&mut self.replicas, budget, &Requests(&self.programs));
+        let (plan, copies) = match planned {
+            Ok(planned) => planned,
+            Err(e) => {
+                protocol_bug(r, &e);
+                self.close(step);
+                return batch;
+            }
+        };
+        batch.changed |= !(plan.seqs.is_empty() && plan.preempted.is_empty());
+        for &p in &plan.preempted {
             self.note_pause(p, trace::KV_EXHAUSTED);
         }
-        if !step.seqs.is_empty() {
-            self.counters.batch_budget += budget as u64;
-            self.counters.batch_tokens += (budget - step.budget_left) as u64;
+        batch.copies = copies;
+        if plan.seqs.is_empty() {
+            self.close(step);
+            return batch;
         }
-        let mut plan = Vec::with_capacity(step.seqs.len());
-        for s in step.seqs {
-            let block_table = self.replicas.kv[r]
+        self.counters.batch_budget += budget as u64;
+        self.counters.batch_tokens += (budget - plan.budget_left) as u64;
+        batch.seqs = self.seq_plans(r, &plan.seqs);
+        self.steps[r] = Some(step);
+        batch
+    }
+
+    /// The planned sequences with what the forward needs of them: their
+    /// new tokens, block tables and (when they sample) their samplers.
+    fn seq_plans(&mut self, r: usize, planned: &[agentd_scheduler::Planned]) -> Vec<SeqPlan> {
+        let mut seqs = Vec::with_capacity(planned.len());
+        for s in planned {
+            let block_table = self
+                .replicas
+                .kv(r)
                 .block_table(s.program)
                 .iter()
                 .map(|b| b.0)
@@ -455,7 +489,7 @@ impl Core {
                 continue;
             };
             let (from, to) = (s.num_computed, s.num_computed + s.num_new);
-            plan.push(SeqPlan {
+            seqs.push(SeqPlan {
                 program: s.program,
                 new_tokens: req.tokens[from..to].to_vec(),
                 num_cached: from,
@@ -474,20 +508,24 @@ impl Core {
                 span: req.span.id(),
             });
         }
-        self.in_flight[r] = plan.iter().map(|s| s.program).collect();
-        self.verify(r);
-        StepBatch {
-            seqs: plan,
-            copies: self.replicas.kv[r].drain_copies(),
-            changed,
-        }
+        seqs
     }
 
-    /// Debug builds check the KV invariants after every step (the check is
-    /// O(blocks)); a violation is a bug in the engine, so it panics there.
-    fn verify(&self, r: usize) {
-        if let Err(e) = self.replicas.verify(r) {
-            panic!("KV invariants of replica {r} violated: {e}");
+    /// Whether `p` is in the batch of some replica's open step.
+    pub fn in_step(&self, p: ProgramId) -> bool {
+        self.steps.iter().flatten().any(|s| s.holds(p))
+    }
+
+    /// Whether some replica has a step open (its batch in the forward).
+    pub fn stepping(&self) -> bool {
+        self.steps.iter().any(Option::is_some)
+    }
+
+    /// Finishes `step` (its invariants checked in debug builds).
+    fn close(&mut self, step: Step) {
+        let r = step.replica();
+        if let Err(e) = step.finish(&mut self.replicas) {
+            protocol_bug(r, &e);
         }
     }
 
@@ -511,7 +549,10 @@ impl Core {
     ) {
         for (s, out) in seqs {
             let p = s.program;
-            let committed = self.replicas.commit(r, p, &s.new_tokens);
+            let committed = match &self.steps[r] {
+                Some(step) => step.commit(&mut self.replicas, p, &s.new_tokens),
+                None => Err(StepError::NotOpen(r)),
+            };
             let Some(req) = self.programs.get_mut(&p).and_then(|q| q.current.as_mut()) else {
                 continue;
             };
@@ -573,10 +614,11 @@ impl Core {
         }
     }
 
-    /// The end of replica `r`'s step: its programs leave the forward, and
-    /// releases that waited for it are carried out.
+    /// The end of replica `r`'s step: its programs leave the forward,
+    /// releases that waited for it are carried out, and the step is
+    /// finished.
     pub fn end_step(&mut self, r: usize) {
-        self.in_flight[r].clear();
+        let step = self.steps[r].take();
         let pending: Vec<ProgramId> = self
             .programs
             .iter()
@@ -586,17 +628,36 @@ impl Core {
         for p in pending {
             self.reap(p);
         }
-        self.verify(r);
+        match step {
+            Some(step) => self.close(step),
+            None => protocol_bug(r, &StepError::NotOpen(r)),
+        }
     }
 
-    /// The model failed on this step: end its requests with an error rather
-    /// than retry a batch that may fail again, and keep serving the rest.
+    /// The model failed on this step: the step is aborted (its batch
+    /// paused) and its requests end with an error rather than retry a
+    /// batch that may fail again; the engine keeps serving the rest.
     pub fn abort_step(&mut self, r: usize, plan: Vec<SeqPlan>) {
-        self.in_flight[r].clear();
+        let aborted = match self.steps[r].take() {
+            Some(step) => step.abort(&mut self.replicas).map(drop),
+            None => Err(StepError::NotOpen(r)),
+        };
+        if let Err(e) = aborted {
+            protocol_bug(r, &e);
+        }
         for s in plan {
-            self.replicas.pause_on(s.program, r);
             self.finish(s.program, FinishReason::Error);
         }
+    }
+}
+
+/// A step used outside its protocol, or the KV invariants broken (checked
+/// in debug builds only): a bug in the engine, not in a request. Debug
+/// builds stop on it; a release build logs it and serves on.
+fn protocol_bug(r: usize, e: &StepError) {
+    error!(replica = r, error = %e, "engine step protocol violated");
+    if cfg!(debug_assertions) {
+        panic!("replica {r}: {e}");
     }
 }
 

@@ -34,9 +34,7 @@ impl Core {
     /// Starts recording on every replica's (still empty) cache when a sink is set.
     pub(crate) fn enable_kv_events(&mut self) {
         if self.cfg.kv_events.is_some() {
-            for kv in &mut self.replicas.kv {
-                kv.enable_events();
-            }
+            self.replicas.enable_kv_events();
         }
     }
 
@@ -45,7 +43,7 @@ impl Core {
         let Some(sink) = &self.cfg.kv_events else {
             return;
         };
-        let events = self.replicas.kv[r].drain_events();
+        let events = self.replicas.drain_kv_events(r);
         if !events.is_empty() {
             (sink.0)(r, events);
         }

@@ -50,7 +50,7 @@ impl Core {
     /// Terminates `p` if it is marked for release and no batch holds it.
     pub(crate) fn reap(&mut self, p: ProgramId) {
         let pending = self.programs.get(&p).is_some_and(|q| q.release_pending);
-        if !pending || self.in_flight.iter().any(|s| s.contains(&p)) {
+        if !pending || self.in_step(p) {
             return;
         }
         let Some(mut prog) = self.programs.remove(&p) else {
@@ -129,7 +129,7 @@ impl Core {
         self.counters
             .e2e_s
             .observe(req.arrived.elapsed().as_secs_f64());
-        self.replicas.finish(p, now, req.tokens.len());
+        self.replicas.finish_request(p, now, req.tokens.len());
         if let Some(tool) = req.tool {
             self.replicas.note_tool(p, tool, now);
         }

@@ -37,8 +37,7 @@ impl Engine {
                 return Err(ControlError::SwapInProgress);
             }
             let (running, waiting) = (core.num_running(), core.num_waiting());
-            let in_flight = core.in_flight.iter().any(|s| !s.is_empty());
-            if running > 0 || waiting > 0 || in_flight {
+            if running > 0 || waiting > 0 || core.stepping() {
                 return Err(ControlError::NotIdle { running, waiting });
             }
             if new.kv_cache {

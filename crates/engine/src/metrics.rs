@@ -164,7 +164,7 @@ impl Core {
         let stats = agentd_scheduler::Policy::stats(&self.replicas.policy);
         let (mut queries, mut hits, mut referenced, mut total) = (0, 0, 0, 0);
         let (mut offloaded, mut onloaded, mut host_used, mut host_total) = (0, 0, 0, 0);
-        for kv in &self.replicas.kv {
+        for kv in self.replicas.kvs() {
             queries += kv.stats().query_tokens;
             hits += kv.stats().hit_tokens;
             referenced += kv.pool().num_referenced();

@@ -18,7 +18,9 @@
 //!
 //! [`ReplicaSet`] is the one core that applies the decisions to the replicas'
 //! KV caches, used alike by the engine, the simulator and the tests; the
-//! policies only read the caches, through [`Memory`].
+//! policies only read the caches, through [`Memory`]. A replica's step is a
+//! [`Step`]: opened by [`ReplicaSet::begin_step`], planned, committed and
+//! finished (or aborted) — the one protocol both drivers follow.
 
 mod admit;
 mod config;
@@ -30,6 +32,7 @@ mod queue;
 mod replica_set;
 mod request_policy;
 mod rotation;
+mod step;
 mod tools;
 
 pub use agentd_kv::ProgramId;
@@ -43,6 +46,7 @@ pub use replica_set::{
     Contexts, CoreStats, Planned, ReplicaSet, Scheduled, Started, StepPlan, LEASE_CHECK_S,
 };
 pub use request_policy::RequestScheduler;
+pub use step::{Step, StepError};
 pub use tools::{ToolId, MIN_SAMPLES as TOOL_MIN_SAMPLES};
 
 /// Where a newly arrived request goes.

@@ -9,23 +9,20 @@
 //! requests, the simulator's synthetic programs) and lend them through
 //! [`Contexts`]. Nothing here reads a clock: `now` is passed in.
 //!
-//! One step of replica `r`, as every caller runs it:
-//! 1. [`ReplicaSet::schedule`]: expire leases, ask the policy, pause its
-//!    victims, match the prefixes of its admissions;
-//! 2. [`ReplicaSet::plan_batch`]: decode tokens first, then prefill chunks,
-//!    under the token budget, allocating slots and pausing by the policy's
-//!    order when blocks run out (a victim planned before it was paused is
-//!    dropped from the plan);
-//! 3. the forward (engine) or the cost model (simulator), then
-//!    [`ReplicaSet::commit`] per planned sequence and [`ReplicaSet::finish`]
-//!    per request that ended.
+//! A replica's step is a [`crate::Step`] (`step.rs`), opened by
+//! [`ReplicaSet::begin_step`]: the one way the engine and the simulator
+//! change the caches. The step's parts below ([`ReplicaSet::schedule`],
+//! [`ReplicaSet::plan_batch`], [`ReplicaSet::reserve`],
+//! [`ReplicaSet::commit`], [`ReplicaSet::pause_on`],
+//! [`ReplicaSet::expire`]) are public, hidden from the docs, only for the
+//! scheduler's own test harness, which drives them one by one.
 
 use std::collections::{HashMap, HashSet};
 
-use agentd_kv::{BlockHash, KvCache, KvError, PrefixMatch, ProgramId};
+use agentd_kv::{BlockCopy, BlockHash, KvCache, KvError, KvEvent, PrefixMatch, ProgramId};
 use tracing::debug;
 
-use crate::{Decision, GroupId, GroupJoin, Policy, Replicas, Route, ToolId};
+use crate::{Decision, GroupId, GroupJoin, Policy, Replicas, Route, StepError, ToolId};
 
 /// How often (seconds of `now`) leases are checked: `Policy::expire` walks
 /// every program, so not at every step of every replica; a quarter second is
@@ -117,8 +114,9 @@ pub struct CoreStats {
 
 /// The replicas, their KV caches and running sets, and the policy.
 pub struct ReplicaSet<P: Policy = Box<dyn Policy>> {
-    /// One KV cache per replica (read freely; change it through the core).
-    pub kv: Vec<KvCache>,
+    /// One KV cache per replica, changed only through the core
+    /// ([`ReplicaSet::kv`] reads one).
+    kv: Vec<KvCache>,
     pub policy: P,
     /// Programs with a request running on each replica, in start order.
     running: Vec<Vec<ProgramId>>,
@@ -134,6 +132,10 @@ pub struct ReplicaSet<P: Policy = Box<dyn Policy>> {
     next_lease_check: f64,
     check_invariants: bool,
     stats: CoreStats,
+    /// This set's id (`step.rs`: a step is used only on its own set).
+    id: u64,
+    /// Replicas with a [`crate::Step`] open.
+    open: Vec<bool>,
 }
 
 impl<P: Policy> ReplicaSet<P> {
@@ -162,6 +164,8 @@ impl<P: Policy> ReplicaSet<P> {
             next_lease_check: 0.0,
             check_invariants,
             stats: CoreStats::default(),
+            id: crate::step::next_set_id(),
+            open: vec![false; n],
         }
     }
 
@@ -176,6 +180,46 @@ impl<P: Policy> ReplicaSet<P> {
 
     pub fn num_replicas(&self) -> usize {
         self.kv.len()
+    }
+    /// Replica `r`'s KV cache, to read.
+    pub fn kv(&self, r: usize) -> &KvCache {
+        &self.kv[r]
+    }
+    /// Every replica's KV cache, to read.
+    pub fn kvs(&self) -> &[KvCache] {
+        &self.kv
+    }
+    /// The caches as the policies see them.
+    pub fn memory(&self) -> Replicas<'_> {
+        Replicas(&self.kv)
+    }
+    /// The policy, to call, with the caches it reads.
+    pub fn policy_and_memory(&mut self) -> (&mut P, Replicas<'_>) {
+        (&mut self.policy, Replicas(&self.kv))
+    }
+    /// Starts recording KV events on every replica's cache
+    /// (`--kv-events-config`); call it while the caches are still empty.
+    pub fn enable_kv_events(&mut self) {
+        for kv in &mut self.kv {
+            kv.enable_events();
+        }
+    }
+    /// Replica `r`'s KV events since the last drain.
+    pub fn drain_kv_events(&mut self, r: usize) -> Vec<KvEvent> {
+        self.kv[r].drain_events()
+    }
+    pub(crate) fn drain_copies(&mut self, r: usize) -> Vec<BlockCopy> {
+        self.kv[r].drain_copies()
+    }
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+    /// Marks a step of `r` open; false when one is open already.
+    pub(crate) fn open_step(&mut self, r: usize) -> bool {
+        !std::mem::replace(&mut self.open[r], true)
+    }
+    pub(crate) fn close_step(&mut self, r: usize) {
+        self.open[r] = false;
     }
     /// Programs with a request running on `r`, in start order.
     pub fn running(&self, r: usize) -> &[ProgramId] {
@@ -238,7 +282,7 @@ impl<P: Policy> ReplicaSet<P> {
     /// lived elsewhere, matches its context's prefix (its own blocks, then
     /// the prefix cache) and adds it to `r`'s running set. Slots are
     /// allocated later, by [`ReplicaSet::plan_batch`].
-    pub fn start_on(&mut self, p: ProgramId, r: usize, ctx: &impl Contexts) -> Option<Started> {
+    fn start_on(&mut self, p: ProgramId, r: usize, ctx: &impl Contexts) -> Option<Started> {
         if let Some(h) = self.home.insert(p, r) {
             if h != r {
                 self.kv[h].release(p);
@@ -271,12 +315,14 @@ impl<P: Policy> ReplicaSet<P> {
 
     /// Drops `p`'s KV references on `r`; its request (if any) stays in
     /// flight with its generated tokens and waits for the program's restore.
+    #[doc(hidden)]
     pub fn pause_on(&mut self, p: ProgramId, r: usize) {
         self.running[r].retain(|q| *q != p);
         self.kv[r].pause(p);
     }
 
     /// Step boundary of `r`: lease expiry, the policy's decision, applied.
+    #[doc(hidden)]
     pub fn schedule(&mut self, r: usize, now: f64, ctx: &impl Contexts) -> Scheduled {
         let expired = if now >= self.next_lease_check {
             self.next_lease_check = now + LEASE_CHECK_S;
@@ -305,6 +351,7 @@ impl<P: Policy> ReplicaSet<P> {
     /// Terminates the programs whose lease ran out and releases their KV
     /// ([`ReplicaSet::schedule`] calls it every [`LEASE_CHECK_S`] of `now`).
     /// They have no request in flight, so no batch holds them.
+    #[doc(hidden)]
     pub fn expire(&mut self, now: f64) -> Vec<ProgramId> {
         let gone = self.policy.expire(now);
         for &p in &gone {
@@ -317,6 +364,7 @@ impl<P: Policy> ReplicaSet<P> {
     /// The batch of `r` for this step: decode tokens first (one each,
     /// latency-critical), then prefill chunks, in start order, under
     /// `budget` tokens.
+    #[doc(hidden)]
     pub fn plan_batch(
         &mut self,
         r: usize,
@@ -391,6 +439,7 @@ impl<P: Policy> ReplicaSet<P> {
     /// Allocates slots for `n` tokens of `p` on `r`, pausing the policy's
     /// victims while blocks are short. False when `p` itself was paused (or
     /// nothing can be paused).
+    #[doc(hidden)]
     pub fn reserve(
         &mut self,
         r: usize,
@@ -422,8 +471,10 @@ impl<P: Policy> ReplicaSet<P> {
     /// so far, their KV references are dropped, and a later admission
     /// restores them (recomputing what the cache lost). The policy may pause
     /// idle programs of `r` on the way (its order puts acting ones first).
-    /// Returns the programs paused.
-    pub fn retract(&mut self, r: usize, now: f64) -> Vec<ProgramId> {
+    /// Returns the programs paused. Only between steps: refused while `r`
+    /// has a [`crate::Step`] open (its batch is inside the forward).
+    pub fn retract(&mut self, r: usize, now: f64) -> Result<Vec<ProgramId>, StepError> {
+        self.between_steps(r)?;
         let mut paused = Vec::new();
         // Each call pauses a distinct program of the policy's; the bound
         // only guards against a policy that would not.
@@ -438,11 +489,31 @@ impl<P: Policy> ReplicaSet<P> {
             self.pause_on(v, r);
             paused.push(v);
         }
-        paused
+        Ok(paused)
+    }
+
+    /// Forgets every cached block of `r` that no program running there
+    /// holds ([`KvCache::flush`]: SGLang's `flush_cache`, and after a
+    /// weight swap). Returns the device blocks freed. Only between steps,
+    /// as [`ReplicaSet::retract`].
+    pub fn flush(&mut self, r: usize) -> Result<usize, StepError> {
+        self.between_steps(r)?;
+        let running = &self.running[r];
+        Ok(self.kv[r].flush(|p| running.contains(&p)))
+    }
+
+    /// `Ok` when `r` exists and has no step open.
+    fn between_steps(&self, r: usize) -> Result<(), StepError> {
+        match self.open.get(r) {
+            None => Err(StepError::NoReplica(r)),
+            Some(true) => Err(StepError::AlreadyOpen(r)),
+            Some(false) => Ok(()),
+        }
     }
 
     /// Marks the next `tokens` of `p`'s context on `r` as computed. Returns
     /// the tokens now computed.
+    #[doc(hidden)]
     pub fn commit(&mut self, r: usize, p: ProgramId, tokens: &[u32]) -> Result<usize, KvError> {
         self.kv[r].commit(p, tokens)?;
         let computed = self.kv[r].num_computed(p);
@@ -454,7 +525,7 @@ impl<P: Policy> ReplicaSet<P> {
     /// A request of `p` finished with a context of `context_tokens`. The
     /// program stops running once no request of it is left; a request-level
     /// policy drops its KV references then (returns true when it did).
-    pub fn finish(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
+    pub fn finish_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
         let left = self.pending.get_mut(&p).map_or(0, |n| {
             *n = n.saturating_sub(1);
             *n

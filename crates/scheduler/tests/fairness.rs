@@ -55,9 +55,9 @@ fn a_group_is_never_half_admitted() {
         assert_eq!((s.num_computed, s.num_new), (8 * BS, 2 * BS), "{s:?}");
     }
     for m in 10..14 {
-        assert_eq!(eng.kv[0].num_computed(pid(m)), 10 * BS);
+        assert_eq!(eng.kv(0).num_computed(pid(m)), 10 * BS);
     }
-    assert_eq!(eng.kv[0].pool().num_referenced(), 8 + 4 * 2);
+    assert_eq!(eng.kv(0).pool().num_referenced(), 8 + 4 * 2);
     eng.check_kv();
 }
 

@@ -117,7 +117,7 @@ fn setup() -> impl Strategy<Value = Setup> {
 /// the current state, e.g. finishing a program that is not running, are
 /// skipped).
 fn apply<P: Policy>(eng: &mut Engine<P>, e: &Ev) {
-    let n = eng.kv.len();
+    let n = eng.kvs().len();
     match *e {
         Ev::Request { p, extra, sys } => {
             let p = pid(p as u64);
@@ -135,7 +135,7 @@ fn apply<P: Policy>(eng: &mut Engine<P>, e: &Ev) {
             let p = pid(p as u64);
             let done = eng
                 .home(p)
-                .is_some_and(|r| eng.kv[r].num_computed(p) == eng.ctx[&p].len());
+                .is_some_and(|r| eng.kv(r).num_computed(p) == eng.ctx[&p].len());
             if eng.is_running(p) && done {
                 eng.finish(p);
             }
@@ -181,11 +181,11 @@ fn apply<P: Policy>(eng: &mut Engine<P>, e: &Ev) {
 
 /// Everything that must hold between two events of the program scheduler.
 fn check_program(eng: &Engine<ProgramScheduler>) -> Result<(), TestCaseError> {
-    for (r, kv) in eng.kv.iter().enumerate() {
+    for (r, kv) in eng.kvs().iter().enumerate() {
         kv.check_invariants()
             .map_err(|e| TestCaseError::fail(format!("replica {r}: {e}")))?;
     }
-    let n = eng.kv.len();
+    let n = eng.kvs().len();
     let mut active_on: BTreeMap<ProgramId, usize> = BTreeMap::new();
     for r in 0..n {
         for p in eng.policy.active_programs(r) {
@@ -215,7 +215,7 @@ fn check_program(eng: &Engine<ProgramScheduler>) -> Result<(), TestCaseError> {
     prop_assert_eq!(eng.policy.num_waiting(), pending_inactive.len());
     // KV is referenced only where the scheduler says the program is active,
     // and the engine runs only active programs.
-    for (r, kv) in eng.kv.iter().enumerate() {
+    for (r, kv) in eng.kvs().iter().enumerate() {
         for p in eng.ctx.keys() {
             if kv.is_resident(*p) {
                 prop_assert_eq!(active_on.get(p), Some(&r), "{} resident on {}", p, r);
@@ -267,7 +267,7 @@ proptest! {
             .with_host_tier(s.host);
             for e in evs {
                 apply(&mut eng, e);
-                for (r, kv) in eng.kv.iter().enumerate() {
+                for (r, kv) in eng.kvs().iter().enumerate() {
                     kv.check_invariants()
                         .map_err(|e| TestCaseError::fail(format!("replica {r}: {e}")))?;
                 }

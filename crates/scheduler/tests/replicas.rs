@@ -40,7 +40,7 @@ fn global_queue_restore_places_on_replica_with_most_room() {
     let mut eng = three_loaded_replicas(Placement::MostRoom);
     let d = eng.step(2);
     assert_eq!(d.admit, vec![(pid(4), 0)]);
-    assert_eq!(eng.kv[0].blocks_held(pid(4)), 14);
+    assert_eq!(eng.kv(0).blocks_held(pid(4)), 14);
     assert_eq!(
         eng.policy.active_programs(0).collect::<Vec<_>>(),
         vec![pid(1), pid(4)]
@@ -54,7 +54,7 @@ fn best_fit_places_on_tightest_fitting_replica() {
     let mut eng = three_loaded_replicas(Placement::BestFit);
     let d = eng.step(2);
     assert_eq!(d.admit, vec![(pid(4), 1)]);
-    assert_eq!(eng.kv[1].blocks_held(pid(4)), 14);
+    assert_eq!(eng.kv(1).blocks_held(pid(4)), 14);
 }
 
 /// Replica 0 holds Q (50 blocks) and P (20); Q grows and P is paused. Returns
@@ -75,7 +75,7 @@ fn paused_with_cache_on_replica_0() -> Engine<ProgramScheduler> {
     let d = eng.step(0);
     assert_eq!(ids(&d.pause), vec![2]);
     assert!(d.admit.is_empty(), "{d:?}");
-    assert_eq!(eng.kv[0].pool().num_evictable(), 20);
+    assert_eq!(eng.kv(0).pool().num_evictable(), 20);
     for t in [2.0, 3.0] {
         eng.now = t;
         assert!(eng.step(1).is_empty(), "P must wait for replica 0");
@@ -100,7 +100,7 @@ fn restore_prefers_previous_replica_while_own_blocks_survive() {
     // Same start, but Q's growth evicts every one of P's cached blocks.
     let mut eng = paused_with_cache_on_replica_0();
     assert!(eng.decode(pid(1), 20 * BS));
-    assert_eq!(eng.kv[0].pool().num_evictable(), 0);
+    assert_eq!(eng.kv(0).pool().num_evictable(), 0);
     eng.finish(pid(1));
     eng.now = 4.0;
     // D(0) = 100 acting blocks (no decay) ≤ λmax·C: nothing paused.
@@ -108,7 +108,7 @@ fn restore_prefers_previous_replica_while_own_blocks_survive() {
     assert!(d.pause.is_empty());
     assert_eq!(d.admit, vec![(pid(2), 1)], "nothing left to wait for");
     assert_eq!(eng.last_match[&pid(2)].cached_tokens, 0);
-    assert!(!eng.kv[0].contains(pid(2)), "its old state was released");
+    assert!(!eng.kv(0).contains(pid(2)), "its old state was released");
     eng.check_kv();
 }
 
@@ -138,7 +138,7 @@ fn block_exhaustion_preempts_in_pause_order_and_never_aborts() {
     let mark = eng.log.len();
     assert!(eng.decode(pid(1), 36 * BS));
     assert_eq!(victims(&eng, mark), vec![4, 3]);
-    assert_eq!(eng.kv[0].blocks_held(pid(1)), 56);
+    assert_eq!(eng.kv(0).blocks_held(pid(1)), 56);
 
     // Then 30 more with 4 available: 2 (→12), 5 (→24), then itself.
     let mark = eng.log.len();
@@ -146,12 +146,8 @@ fn block_exhaustion_preempts_in_pause_order_and_never_aborts() {
     assert_eq!(victims(&eng, mark), vec![2, 5, 1]);
     assert_eq!(eng.policy.active_programs(0).count(), 0);
     let now = eng.now;
-    let core = &mut eng.core;
-    assert_eq!(
-        core.policy
-            .preempt(0, now, &agentd_scheduler::Replicas(&core.kv), pid(1)),
-        None
-    );
+    let (policy, mem) = eng.core.policy_and_memory();
+    assert_eq!(policy.preempt(0, now, &mem, pid(1)), None);
 
     let s = eng.policy.stats();
     assert_eq!((s.exhaustion_pauses, s.pauses), (5, 0));
@@ -201,7 +197,7 @@ fn inactivity_lease_expires_only_idle_programs() {
     );
     assert_eq!(eng.expire_at(100.5), vec![pid(1)]);
     assert!(eng.policy.program(pid(1)).is_none());
-    assert!(!eng.kv[0].contains(pid(1)));
+    assert!(!eng.kv(0).contains(pid(1)));
     assert!(eng.expire_at(150.0).is_empty());
     assert_eq!(eng.expire_at(150.01), vec![pid(2)]);
     assert!(eng.expire_at(10_000.0).is_empty());
@@ -211,6 +207,6 @@ fn inactivity_lease_expires_only_idle_programs() {
     );
     assert_eq!(eng.policy.num_waiting(), 1);
     assert!(eng.policy.program(pid(4)).is_some_and(|i| i.waiting));
-    assert_eq!(eng.kv[0].pool().num_referenced(), 5);
+    assert_eq!(eng.kv(0).pool().num_referenced(), 5);
     eng.check_kv();
 }

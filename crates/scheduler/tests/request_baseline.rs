@@ -20,15 +20,15 @@ fn request_finished_drops_kv() {
     let mut eng = engine(1, 100);
     assert_eq!(eng.request(pid(1), 10 * BS), Route::Queued);
     assert_eq!(eng.step(0).admit, vec![(pid(1), 0)]);
-    assert_eq!(eng.kv[0].blocks_held(pid(1)), 10);
+    assert_eq!(eng.kv(0).blocks_held(pid(1)), 10);
     // A parallel request of the running program joins it.
     assert_eq!(eng.request(pid(1), 0), Route::Run { replica: 0 });
     assert!(!eng.finish(pid(1)), "one request still in flight");
-    assert_eq!(eng.kv[0].blocks_held(pid(1)), 10);
+    assert_eq!(eng.kv(0).blocks_held(pid(1)), 10);
     assert!(eng.finish(pid(1)), "last request: KV dropped");
-    assert_eq!(eng.kv[0].blocks_held(pid(1)), 0);
-    assert_eq!(eng.kv[0].pool().num_evictable(), 10);
-    assert_eq!(eng.kv[0].pool().num_referenced(), 0);
+    assert_eq!(eng.kv(0).blocks_held(pid(1)), 0);
+    assert_eq!(eng.kv(0).pool().num_evictable(), 10);
+    assert_eq!(eng.kv(0).pool().num_referenced(), 0);
     assert!(!eng.policy.keeps_kv_between_requests());
     eng.check_kv();
 }
@@ -42,15 +42,15 @@ fn fcfs_admission_stops_at_first_request_that_does_not_fit() {
     assert_eq!(eng.step(0).admit, vec![(pid(1), 0)]);
     assert!(eng.finish(pid(1)));
     // 20 free + 30 evictable.
-    assert_eq!(eng.kv[0].pool().num_free(), 20);
-    assert_eq!(eng.kv[0].pool().num_available(), 50);
+    assert_eq!(eng.kv(0).pool().num_free(), 20);
+    assert_eq!(eng.kv(0).pool().num_available(), 50);
 
     eng.request(pid(2), 25 * BS); // fits only by evicting cached blocks
     eng.request(pid(3), 30 * BS); // 25 left: does not fit
     eng.request(pid(4), 2 * BS); // would fit, but is behind 3
     let d = eng.step(0);
     assert_eq!(d.admit, vec![(pid(2), 0)]);
-    assert_eq!(eng.kv[0].pool().num_evictable(), 25);
+    assert_eq!(eng.kv(0).pool().num_evictable(), 25);
     assert_eq!(eng.policy.num_waiting(), 2);
     assert!(eng.step(0).is_empty(), "still blocked by 3");
 
@@ -84,7 +84,7 @@ fn preempt_picks_newest_running_request_even_the_requester() {
         .collect();
     assert_eq!(victims, vec![(2, Some(2))]);
     assert!(eng.is_running(pid(1)));
-    assert_eq!(eng.kv[0].blocks_held(pid(1)), 5);
+    assert_eq!(eng.kv(0).blocks_held(pid(1)), 5);
     let i = eng.policy.program(pid(2)).unwrap();
     assert_eq!((i.state, i.waiting), (State::Paused, true));
 
@@ -93,10 +93,9 @@ fn preempt_picks_newest_running_request_even_the_requester() {
     // 3 queues; then blocks run out again: the newest running request is 1.
     eng.request(pid(3), BS);
     assert_eq!(eng.policy.num_waiting(), 1);
-    let core = &mut eng.core;
-    let mem = agentd_scheduler::Replicas(&core.kv);
-    assert_eq!(core.policy.preempt(0, 0.0, &mem, pid(3)), Some(pid(1)));
-    assert_eq!(core.policy.preempt(0, 0.0, &mem, pid(3)), None);
+    let (policy, mem) = eng.core.policy_and_memory();
+    assert_eq!(policy.preempt(0, 0.0, &mem, pid(3)), Some(pid(1)));
+    assert_eq!(policy.preempt(0, 0.0, &mem, pid(3)), None);
     eng.pause_on(pid(1), 0);
     // A preempted request goes back to the front of the queue, ahead of 3.
     let d = eng.step(0);

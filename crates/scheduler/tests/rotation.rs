@@ -68,7 +68,7 @@ fn an_overdue_program_rotates_out_an_acting_one_the_tier_keeps() {
     assert_eq!(acting.admit, vec![(pid(3), 0)]);
     assert_eq!(eng.policy.stats().overdue_pauses, 1);
     // Admitting 3 evicted part of 1's context: to the host tier.
-    assert!(eng.kv[0].host_copies().0 > 0, "no offload");
+    assert!(eng.kv(0).host_copies().0 > 0, "no offload");
     // 1's next turn is restored once 3 is overdue to leave, by copies.
     eng.request(pid(1), BS);
     eng.finish(pid(3));
@@ -78,7 +78,7 @@ fn an_overdue_program_rotates_out_an_acting_one_the_tier_keeps() {
         (ids(&d.pause), d.admit.clone()),
         (vec![3], vec![(pid(1), 0)])
     );
-    assert!(eng.kv[0].host_copies().1 > 0, "restored without onloads");
+    assert!(eng.kv(0).host_copies().1 > 0, "restored without onloads");
     assert_eq!(eng.last_match[&pid(1)].cached_tokens, 44 * BS);
     eng.check_kv();
 }

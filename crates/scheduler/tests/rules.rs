@@ -39,7 +39,7 @@ fn thrashing_test_pauses_while_demand_exceeds_lambda_max_and_stops_at_it() {
     // R grows to 72 blocks: D = 15 + 72 + 1 = 88. One pause leaves 83 > 80, two
     // leave 78 ≤ 80: exactly two.
     assert!(eng.decode(pid(10), 48));
-    assert_eq!(eng.kv[0].blocks_held(pid(10)), 72);
+    assert_eq!(eng.kv(0).blocks_held(pid(10)), 72);
     assert_close(eng.demand(0), 88.0);
     let d = eng.step(0);
     assert_eq!(ids(&d.pause), vec![2, 3]);
@@ -62,7 +62,7 @@ fn thrashing_test_stops_as_soon_as_demand_fits_with_chunked_prefill() {
     let d = eng.step(0);
     assert_eq!(d.admit, vec![(pid(2), 0)]);
     eng.prefill_chunk = None;
-    assert_eq!(eng.kv[0].blocks_held(pid(2)), 2);
+    assert_eq!(eng.kv(0).blocks_held(pid(2)), 2);
     // D = 40 + (2 held + 18 promised) + 2 reserve.
     assert_close(eng.demand(0), 62.0);
 
@@ -129,7 +129,7 @@ fn an_idle_replica_pauses_acting_programs_for_a_waiting_one() {
     assert_eq!(ids(&d.pause), vec![1]);
     assert_eq!(d.admit, vec![(pid(4), 0)]);
     assert!(eng.is_running(pid(4)));
-    assert_eq!(eng.kv[0].blocks_held(pid(4)), 10);
+    assert_eq!(eng.kv(0).blocks_held(pid(4)), 10);
     assert_eq!(eng.policy.stats().work_conserving_pauses, 1);
     // Program 1's blocks survived as cache (4 took free blocks): when its
     // next turn comes, the idle replica pauses 4 (now the shortest acting,
@@ -225,14 +225,14 @@ fn acting_memory_is_weighted_by_decay() {
     // The caches agree with the scenario: union of reasoning blocks 3 + 5 + 4.
     let mut reasoning: Vec<_> = [1, 2]
         .iter()
-        .flat_map(|&p| eng.kv[0].block_table(pid(p)).to_vec())
+        .flat_map(|&p| eng.kv(0).block_table(pid(p)).to_vec())
         .collect();
     reasoning.sort();
     reasoning.dedup();
     assert_eq!(reasoning.len(), 12);
-    assert_eq!(eng.kv[0].exclusive_blocks(pid(3)), 6);
-    assert_eq!(eng.kv[0].exclusive_blocks(pid(4)), 10);
-    assert_eq!(eng.kv[0].pool().num_referenced(), 12 + 6 + 10);
+    assert_eq!(eng.kv(0).exclusive_blocks(pid(3)), 6);
+    assert_eq!(eng.kv(0).exclusive_blocks(pid(4)), 10);
+    assert_eq!(eng.kv(0).pool().num_referenced(), 12 + 6 + 10);
 
     for t in [0.5, 1.0, 2.5, 4.0, 10.0] {
         eng.now = t;
@@ -323,7 +323,7 @@ fn paused_reasoning_program_requeues_its_request_and_is_restored() {
         (State::Paused, Phase::Reasoning, true, Some(0))
     );
     assert_eq!(eng.policy.num_waiting(), 1);
-    assert_eq!(eng.kv[0].blocks_held(pid(1)), 0);
+    assert_eq!(eng.kv(0).blocks_held(pid(1)), 0);
     // A new program arriving now queues behind it (restore class first).
     eng.request(pid(3), BS);
     let order: Vec<u64> = eng.policy.queue().iter().map(|p| p.0).collect();

@@ -176,7 +176,7 @@ impl Simulation {
                 break;
             }
             self.now = t;
-            let usages: Vec<f64> = self.core.kv.iter().map(KvCache::usage).collect();
+            let usages: Vec<f64> = self.core.kvs().iter().map(KvCache::usage).collect();
             self.metrics.sample_usage(t, &usages);
             match e {
                 Event::Spawn => self.spawn_group(),
@@ -366,7 +366,7 @@ impl Simulation {
                 }
             }
             prog.turns_done += 1;
-            self.core.finish(p, now, len);
+            self.core.finish_request(p, now, len);
             if let Some(i) = named {
                 self.core.note_tool(p, ToolId(i as u64), now);
             }
@@ -375,7 +375,7 @@ impl Simulation {
     }
 
     pub(crate) fn note_computed(&mut self, p: ProgramId, r: usize) {
-        let c = self.core.kv[r].num_computed(p);
+        let c = self.core.kv(r).num_computed(p);
         if let Some(prog) = self.programs.get_mut(&p) {
             prog.ever_computed = prog.ever_computed.max(c);
             if c >= self.system.len() {

@@ -1,11 +1,15 @@
-//! One replica step through the engine's own core: the scheduler's decision
+//! One replica step through the engine's own core and the engine's own
+//! step protocol ([`agentd_scheduler::Step`]): the scheduler's decision
 //! applied, a mixed batch planned (decode first, then prefill chunks under
 //! the token budget, pausing by the policy's order when blocks run out), the
-//! batch's tokens committed as if the forward ran, and the replica's clock
-//! advanced by the step-time model. Only the cost model and the clock are the
-//! simulator's; everything else is [`agentd_scheduler::ReplicaSet`].
+//! batch's tokens committed as if the forward ran, the step finished, and
+//! the replica's clock advanced by the step-time model. Only the cost model
+//! and the clock are the simulator's; everything else is
+//! [`agentd_scheduler::ReplicaSet`].
 
 use std::time::Instant;
+
+use agentd_scheduler::StepError;
 
 use crate::cost::StepShape;
 use crate::engine::{append_tokens, Event, SimCtx};
@@ -14,9 +18,11 @@ use crate::{SimError, Simulation};
 impl Simulation {
     pub(crate) fn step(&mut self, r: usize) -> Result<(), SimError> {
         let t0 = Instant::now();
-        let sched = self.core.schedule(r, self.now, &SimCtx(&self.programs));
+        let begun = self.core.begin_step(r, self.now, &SimCtx(&self.programs));
         self.metrics.sched_ns += t0.elapsed().as_nanos();
         self.metrics.sched_calls += 1;
+        let mut step = begun.map_err(|e| invariant(self.now, e))?;
+        let sched = step.scheduled();
         for p in &sched.expired {
             self.programs.remove(p);
         }
@@ -27,16 +33,17 @@ impl Simulation {
             }
         }
 
-        let plan = self.core.plan_batch(
-            r,
-            self.now,
-            self.cfg.max_batched_tokens,
-            &SimCtx(&self.programs),
-        );
+        let (plan, copies) = step
+            .plan(
+                &mut self.core,
+                self.cfg.max_batched_tokens,
+                &SimCtx(&self.programs),
+            )
+            .map_err(|e| invariant(self.now, e))?;
         // Copies decided since this replica's last step (its admissions,
         // and starts at arrival), carried out before the forward.
         let mut shape = StepShape {
-            copied_tokens: self.core.kv[r].drain_copies().len() * self.cfg.block_size,
+            copied_tokens: copies.len() * self.cfg.block_size,
             ..StepShape::default()
         };
         if self.metrics.in_window(self.now) {
@@ -47,12 +54,8 @@ impl Simulation {
                 continue;
             };
             let (from, to) = (s.num_computed, s.num_computed + s.num_new);
-            self.core
-                .commit(r, s.program, &prog.context[from..to])
-                .map_err(|e| SimError::Invariant {
-                    time: self.now,
-                    detail: e.to_string(),
-                })?;
+            step.commit(&mut self.core, s.program, &prog.context[from..to])
+                .map_err(|e| invariant(self.now, e))?;
             if s.decoding {
                 shape.add_decode(from);
             } else {
@@ -71,11 +74,8 @@ impl Simulation {
             }
             self.note_computed(s.program, r);
         }
-
-        self.core.verify(r).map_err(|detail| SimError::Invariant {
-            time: self.now,
-            detail,
-        })?;
+        step.finish(&mut self.core)
+            .map_err(|e| invariant(self.now, e))?;
         if shape.tokens == 0 {
             self.replicas[r].busy = false;
             return Ok(());
@@ -84,5 +84,13 @@ impl Simulation {
         let dt = self.cfg.cost.step_time(&shape);
         self.push(self.now + dt, Event::Step(r));
         Ok(())
+    }
+}
+
+/// A step that broke the protocol or the KV invariants: the run is void.
+fn invariant(time: f64, e: StepError) -> SimError {
+    SimError::Invariant {
+        time,
+        detail: e.to_string(),
     }
 }

@@ -12,8 +12,8 @@ use std::ops::{Deref, DerefMut};
 
 use agentd_kv::PrefixMatch;
 use agentd_scheduler::{
-    Contexts, Decision, GroupId, Placement, Policy, ProgramId, ProgramScheduler, ReplicaSet,
-    Replicas, Route, SchedulerConfig, StepPlan,
+    Contexts, Decision, GroupId, Placement, Policy, ProgramId, ProgramScheduler, ReplicaSet, Route,
+    SchedulerConfig, StepPlan,
 };
 
 /// Tokens per block in every test (small, so block counts stay readable).
@@ -108,9 +108,7 @@ impl Engine<ProgramScheduler> {
 
     /// `D(L)` now, read from the real caches.
     pub fn demand(&self, r: usize) -> f64 {
-        self.core
-            .policy
-            .demand(r, self.now, &Replicas(&self.core.kv))
+        self.core.policy.demand(r, self.now, &self.core.memory())
     }
 }
 
@@ -176,7 +174,7 @@ impl<P: Policy> Engine<P> {
             return false;
         }
         let r = self.home(p).expect("running programs have a home");
-        let n = self.ctx[&p].len() - self.core.kv[r].num_computed(p);
+        let n = self.ctx[&p].len() - self.core.kv(r).num_computed(p);
         let n = self.prefill_chunk.map_or(n, |c| n.min(c));
         self.compute(p, n)
     }
@@ -185,7 +183,7 @@ impl<P: Policy> Engine<P> {
     /// paused for lack of blocks.
     pub fn catch_up(&mut self, p: ProgramId) -> bool {
         let r = self.home(p).expect("known program");
-        let n = self.ctx[&p].len() - self.core.kv[r].num_computed(p);
+        let n = self.ctx[&p].len() - self.core.kv(r).num_computed(p);
         self.compute(p, n)
     }
 
@@ -213,7 +211,7 @@ impl<P: Policy> Engine<P> {
             }
             return false;
         }
-        let from = self.core.kv[r].num_computed(p);
+        let from = self.core.kv(r).num_computed(p);
         let toks = self.ctx[&p][from..from + n].to_vec();
         self.core.commit(r, p, &toks).expect("slots were allocated");
         true
@@ -254,7 +252,7 @@ impl<P: Policy> Engine<P> {
     pub fn finish(&mut self, p: ProgramId) -> bool {
         assert!(self.core.is_running(p), "{p} is not running");
         let len = self.ctx[&p].len();
-        let dropped = self.core.finish(p, self.now, len);
+        let dropped = self.core.finish_request(p, self.now, len);
         self.log.push(Logged::Finished(p, dropped));
         dropped
     }
@@ -312,7 +310,8 @@ pub fn admit_all(eng: &mut Engine<ProgramScheduler>, r: usize, progs: &[(u64, us
     assert_eq!(got, want, "{d:?}");
     for &(p, blocks) in progs {
         assert_eq!(
-            eng.kv[eng.home(pid(p)).expect("admitted")].blocks_held(pid(p)),
+            eng.kv(eng.home(pid(p)).expect("admitted"))
+                .blocks_held(pid(p)),
             blocks
         );
     }
