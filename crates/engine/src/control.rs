@@ -344,8 +344,7 @@ impl Engine {
     /// still held (the others).
     pub fn pause(&self, mode: PauseMode) -> usize {
         let shared = self.shared();
-        let aborted = {
-            let mut core = shared.lock();
+        let aborted = shared.section(|core| {
             let n = core.replicas.num_replicas();
             core.control.paused = Some(mode);
             core.control.applied = vec![false; n];
@@ -353,7 +352,7 @@ impl Engine {
                 PauseMode::Abort => core.cancel_all(),
                 _ => 0,
             }
-        };
+        });
         shared.wake_all();
         tracing::info!(mode = mode.as_str(), aborted, "pausing generation");
         self.wait_for(|core| match mode {
@@ -364,21 +363,17 @@ impl Engine {
         });
         match mode {
             PauseMode::Abort | PauseMode::Wait => aborted,
-            _ => {
-                let core = shared.lock();
-                core.num_running() + core.num_waiting()
-            }
+            _ => self.num_requests(),
         }
     }
 
     /// Resumes generation; false when it was not paused.
     pub fn resume(&self) -> bool {
         let shared = self.shared();
-        let was = {
-            let mut core = shared.lock();
+        let was = shared.section(|core| {
             core.control.applied.clear();
             core.control.paused.take()
-        };
+        });
         shared.wake_all();
         tracing::info!(was = was.map(|m| m.as_str()), "generation continues");
         was.is_some()
@@ -386,35 +381,36 @@ impl Engine {
 
     /// The current pause, if any.
     pub fn paused(&self) -> Option<PauseMode> {
-        self.shared().lock().control.paused
+        self.shared().section(|core| core.control.paused)
     }
 
     /// Cancels every request in the engine (SGLang's `abort_all`); each
     /// ends with finish reason `abort` and what it generated. Returns how
     /// many were cancelled.
     pub fn abort_all(&self) -> usize {
-        let n = self.shared().lock().cancel_all();
+        let n = self.shared().section(|core| core.cancel_all());
         self.shared().wake_all();
         n
     }
 
     /// Requests running or waiting in the engine (not the inbox).
     pub fn num_requests(&self) -> usize {
-        let core = self.shared().lock();
-        core.num_running() + core.num_waiting()
+        self.shared()
+            .section(|core| core.num_running() + core.num_waiting())
     }
 
     /// SGLang's `flush_cache`: forgets every cached block, refused while a
     /// request runs or waits (a retracted request may wait: it holds no
     /// KV). Returns the device blocks freed.
     pub fn flush_cache(&self) -> Result<usize, ControlError> {
-        let mut core = self.shared().lock();
-        let (running, waiting) = (core.num_running(), core.num_waiting());
-        let retracted = core.control.paused == Some(PauseMode::Retract);
-        if running > 0 || core.stepping() || (waiting > 0 && !retracted) {
-            return Err(ControlError::Busy { running, waiting });
-        }
-        let freed = core.flush_kv();
+        let freed = self.shared().section(|core| {
+            let (running, waiting) = (core.num_running(), core.num_waiting());
+            let retracted = core.control.paused == Some(PauseMode::Retract);
+            if running > 0 || core.stepping() || (waiting > 0 && !retracted) {
+                return Err(ControlError::Busy { running, waiting });
+            }
+            Ok(core.flush_kv())
+        })?;
         tracing::info!(blocks = freed, "prefix cache flushed");
         Ok(freed)
     }
@@ -426,8 +422,7 @@ impl Engine {
     pub fn swap_weights(&self, model: Arc<Model>) -> Result<SwapReport, ControlError> {
         check_compatible(self.model_config(), model.config())?;
         let shared = self.shared();
-        {
-            let mut core = shared.lock();
+        shared.section(|core| {
             if core.shutdown {
                 return Err(ControlError::ShuttingDown);
             }
@@ -442,7 +437,8 @@ impl Engine {
                 return Err(ControlError::WeightsReleased);
             }
             core.start_op(RunnerOp::Weights(model));
-        }
+            Ok(())
+        })?;
         shared.wake_all();
         let (mut core, failed) = self.finish_op()?;
         // Flushed even when a replica failed: blocks computed by either
@@ -452,7 +448,7 @@ impl Engine {
             Some(_) => core.num_running() + core.num_waiting(),
             None => 0,
         };
-        drop(core);
+        core.end();
         shared.wake_all();
         if let Some(e) = failed {
             return Err(e);
@@ -478,6 +474,7 @@ impl Engine {
         });
         let mut core = self.shared().lock();
         let Some(swap) = core.control.swap.take() else {
+            core.end();
             return Err(ControlError::ShuttingDown);
         };
         let failed = swap
@@ -495,11 +492,8 @@ impl Engine {
     fn wait_for(&self, done: impl Fn(&Core) -> bool) {
         let shared = self.shared();
         loop {
-            {
-                let core = shared.lock();
-                if core.shutdown || done(&core) {
-                    return;
-                }
+            if shared.section(|core| core.shutdown || done(core)) {
+                return;
             }
             std::thread::sleep(POLL);
         }

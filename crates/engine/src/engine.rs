@@ -44,7 +44,7 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.shared.inbox.close();
-        self.shared.lock().shutdown = true;
+        self.shared.section(|core| core.shutdown = true);
         self.shared.wake_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
@@ -324,11 +324,11 @@ impl Engine {
     /// requests of it still in the inbox. False if no such program exists.
     pub fn release(&self, program: &str) -> bool {
         let shared = &self.inner.shared;
-        let mut core = shared.lock();
-        let found = core.release(program);
-        // Under the engine lock, so no worker drains the inbox meanwhile.
-        let waiting = shared.inbox.release(program, found);
-        drop(core);
+        let (found, waiting) = shared.section(|core| {
+            let found = core.release(program);
+            // Under the engine lock, so no worker drains the inbox meanwhile.
+            (found, shared.inbox.release(program, found))
+        });
         shared.wake_all();
         found || waiting
     }
@@ -338,13 +338,14 @@ impl Engine {
     /// durations set the program's decay while it acts. False when no such
     /// program is known (ended, or never seen).
     pub fn note_tool(&self, program: &str, tool: &str) -> bool {
-        let mut core = self.inner.shared.lock();
-        let Some(&p) = core.names.get(program) else {
-            return false;
-        };
-        let now = core.now();
-        core.replicas.note_tool(p, ToolId(name_hash(tool)), now);
-        true
+        self.inner.shared.section(|core| {
+            let Some(&p) = core.names.get(program) else {
+                return false;
+            };
+            let now = core.now();
+            core.replicas.note_tool(p, ToolId(name_hash(tool)), now);
+            true
+        })
     }
 
     /// A stream of named programs' terminations (release, `final`, lease
@@ -352,7 +353,9 @@ impl Engine {
     /// stream; dropping it unsubscribes.
     pub fn subscribe_ended(&self) -> mpsc::UnboundedReceiver<ProgramEnded> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.inner.shared.lock().ended_subscribers.push(tx);
+        self.inner
+            .shared
+            .section(|core| core.ended_subscribers.push(tx));
         rx
     }
 
@@ -405,7 +408,7 @@ impl Engine {
     /// Stops the workers after their current step; later submissions fail.
     pub fn shutdown(&self) {
         self.inner.shared.inbox.close();
-        self.inner.shared.lock().shutdown = true;
+        self.inner.shared.section(|core| core.shutdown = true);
         self.inner.shared.wake_all();
     }
 }

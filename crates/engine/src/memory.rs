@@ -24,8 +24,7 @@ impl Engine {
     /// SGLang adds tags to a set). Refused while a request runs or waits.
     pub fn release_memory(&self, tags: MemoryTags) -> Result<MemoryTags, ControlError> {
         let shared = self.shared();
-        let new = {
-            let mut core = shared.lock();
+        let new = shared.section(|core| {
             if core.shutdown {
                 return Err(ControlError::ShuttingDown);
             }
@@ -47,17 +46,21 @@ impl Engine {
             // From here new submissions wait in the inbox.
             core.control.released = core.control.released.union(new);
             core.start_op(RunnerOp::Release(new));
-            new
-        };
+            Ok(new)
+        })?;
+        if !new.any() {
+            return Ok(new);
+        }
         shared.wake_all();
         let (mut core, failed) = self.finish_op()?;
         if let Some(e) = failed {
             // Runners are of one kind: none could (the CUDA runner cannot yet).
             core.control.released = core.control.released.minus(new);
-            drop(core);
+            core.end();
             shared.wake_all();
             return Err(e);
         }
+        core.end();
         tracing::info!(tags = ?new.names(), "memory released");
         Ok(new)
     }
@@ -83,8 +86,7 @@ impl Engine {
             (false, _) => None,
         };
         let shared = self.shared();
-        {
-            let mut core = shared.lock();
+        shared.section(|core| {
             if core.shutdown {
                 return Err(ControlError::ShuttingDown);
             }
@@ -96,13 +98,14 @@ impl Engine {
                 return Err(ControlError::SwapInProgress);
             }
             core.start_op(RunnerOp::Resume(tags, weights));
-        }
+            Ok(())
+        })?;
         shared.wake_all();
         let (mut core, failed) = self.finish_op()?;
         if failed.is_none() {
             core.control.released = core.control.released.minus(tags);
         }
-        drop(core);
+        core.end();
         shared.wake_all();
         match failed {
             Some(e) => Err(e),
@@ -116,6 +119,6 @@ impl Engine {
     /// What is released now (SGLang keeps the same set; vLLM's
     /// `is_sleeping` is whether it is empty).
     pub fn released_memory(&self) -> MemoryTags {
-        self.shared().lock().control.released
+        self.shared().section(|core| core.control.released)
     }
 }

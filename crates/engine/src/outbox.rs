@@ -5,7 +5,7 @@
 //! the core the lock holder runs on. At 96 programs a commit sent ~100
 //! events under the lock and was held 1–1.9 ms at p99 with only 0.1–0.4 ms
 //! of its own CPU time (the rest descheduled). So sections only queue
-//! events here, in order, and [`crate::worker::Held`] hands them out once
+//! events here, in order, and [`crate::worker::Held::end`] hands them out once
 //! the lock is free. A stream's events stay in order: one section's events
 //! go out in the order they were queued, and a request's later events are
 //! queued by later sections.

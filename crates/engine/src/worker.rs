@@ -1,7 +1,6 @@
 //! One replica's loop: plan under the lock, run the model and sample outside
 //! it, commit under the lock again.
 
-use std::mem::ManuallyDrop;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -20,22 +19,62 @@ use crate::prompt_lp::PromptRows;
 use crate::{trace, FinishReason};
 
 /// A held engine lock. Each acquisition is one numbered critical section
-/// ([`Board::begin`]); on release it publishes a snapshot if a reader asked,
-/// refreshes the inbox's waiting count and records its hold time — in
-/// `lock_hold_s`, or `lock_idle_hold_s` for an idle re-plan — and, with the
-/// lock free, delivers the events the section queued ([`crate::outbox`]).
+/// ([`Board::begin`]), ended by an explicit [`Held::end`]: it publishes a
+/// snapshot if a reader asked, refreshes the inbox's waiting count and
+/// records the hold time — in `lock_hold_s`, or `lock_idle_hold_s` for an
+/// idle re-plan — and, with the lock free, delivers the events the section
+/// queued ([`crate::outbox`]). Dropping a section without ending it only
+/// unlocks (a panic unwinding through it); debug builds stop on any other.
 pub(crate) struct Held<'a> {
-    guard: ManuallyDrop<MutexGuard<'a, Core>>,
+    guard: MutexGuard<'a, Core>,
     shared: &'a Shared,
     since: Instant,
     seq: u64,
     idle: bool,
+    open: Open,
+}
+
+/// Marks a section not yet ended ([`Held::end`] forgets it).
+struct Open;
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        debug_assert!(
+            std::thread::panicking(),
+            "an engine lock section was left without Held::end"
+        );
+    }
 }
 
 impl Held<'_> {
     /// This section was an idle re-plan: nothing changed.
     pub fn set_idle(&mut self) {
         self.idle = true;
+    }
+
+    /// Ends the section (see [`Held`]).
+    pub fn end(self) {
+        let Held {
+            mut guard,
+            shared,
+            since,
+            seq,
+            idle,
+            open,
+        } = self;
+        std::mem::forget(open);
+        let core = &mut *guard;
+        shared.board.end(core, seq, shared.inbox.taken());
+        shared.inbox.settle(core.num_waiting());
+        let held = since.elapsed().as_secs_f64();
+        if idle {
+            core.counters.lock_idle_hold_s.observe(held);
+        } else {
+            core.counters.lock_hold_s.observe(held);
+        }
+        let outbox = core.outbox.take();
+        drop(guard);
+        outbox.deliver();
     }
 }
 
@@ -49,25 +88,6 @@ impl std::ops::Deref for Held<'_> {
 impl std::ops::DerefMut for Held<'_> {
     fn deref_mut(&mut self) -> &mut Core {
         &mut self.guard
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        let (shared, core) = (self.shared, &mut *self.guard);
-        shared.board.end(core, self.seq, shared.inbox.taken());
-        shared.inbox.settle(core.num_waiting());
-        let held = self.since.elapsed().as_secs_f64();
-        if self.idle {
-            core.counters.lock_idle_hold_s.observe(held);
-        } else {
-            core.counters.lock_hold_s.observe(held);
-        }
-        let outbox = core.outbox.take();
-        // SAFETY: `guard` is dropped exactly once, here, and not touched
-        // after: `drop` runs once and nothing below reads `self.guard`.
-        unsafe { ManuallyDrop::drop(&mut self.guard) };
-        outbox.deliver();
     }
 }
 
@@ -160,12 +180,21 @@ impl Shared {
     /// A critical section begins on the acquired `guard`.
     fn held<'a>(&'a self, guard: MutexGuard<'a, Core>) -> Held<'a> {
         Held {
-            guard: ManuallyDrop::new(guard),
+            guard,
             shared: self,
             since: Instant::now(),
             seq: self.board.begin(),
             idle: false,
+            open: Open,
         }
+    }
+
+    /// One section of the engine lock around `f`.
+    pub fn section<T>(&self, f: impl FnOnce(&mut Core) -> T) -> T {
+        let mut core = self.lock();
+        let out = f(&mut core);
+        core.end();
+        out
     }
 
     /// A reader's fallback ([`crate::board`]): with the lock free, route
@@ -177,6 +206,7 @@ impl Shared {
             core.accept(submitted);
         }
         let snap = self.board.publish_now(&core, core.seq, self.inbox.taken());
+        core.end();
         Some(snap)
     }
 
@@ -244,7 +274,9 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
                 timing.record(&mut core);
                 core.abort_step(r, plan);
                 core.flush_kv_events(r);
-                core.outbox.take()
+                let events = core.outbox.take();
+                core.end();
+                events
             }
         };
         shared.wake_all();
@@ -275,7 +307,7 @@ fn swap(
         ),
         Err(e) => error!(replica = r, error = %e, "changing the runner's weights or memory failed"),
     }
-    shared.lock().swap_done(r, result);
+    shared.section(|core| core.swap_done(r, result));
     shared.wake_all();
 }
 
@@ -353,6 +385,7 @@ fn commit(
             core.flush_kv_events(r);
         }
         events.append(core.outbox.take());
+        core.end();
         if done {
             return events;
         }
@@ -385,6 +418,7 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
         let mut fresh = false;
         loop {
             if core.shutdown {
+                core.end();
                 return None;
             }
             // Paused, or a weight swap draining: new work waits in the inbox.
@@ -397,13 +431,13 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
             }
             fresh = true;
             core.accept(submitted);
-            drop(core);
+            core.end();
             core = shared.lock();
         }
         match core.control_point(r) {
             Point::Run => {}
             Point::Swap(op) => {
-                drop(core);
+                core.end();
                 pending.take().deliver();
                 return Some(Next::Swap(op, copies));
             }
@@ -411,7 +445,7 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
                 if idle && !fresh {
                     core.set_idle();
                 }
-                drop(core);
+                core.end();
                 pending.take().deliver();
                 shared.wake.wait(r, IDLE_TICK);
                 continue;
@@ -421,7 +455,7 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
         if step.seqs.is_empty() && !(fresh || step.changed) {
             core.set_idle();
         }
-        drop(core);
+        core.end();
         pending.take().deliver();
         copies.append(&mut step.copies);
         if !step.seqs.is_empty() {
