@@ -221,11 +221,23 @@ impl ProgramScheduler {
         if best.is_none() && here && room.running[l] == 0 {
             let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
             if waited >= self.cfg.idle_reclaim_after_s {
-                best = self.make_room(l, now, mem, need, room, &unit, Victims::Acting, out);
+                let ask = Ask {
+                    l,
+                    need,
+                    unit: &unit,
+                    victims: Victims::Acting,
+                };
+                best = self.make_room(&ask, now, mem, room, out);
             }
         }
         if best.is_none() && here && self.overdue(p, now, room.wait.after_s) {
-            best = self.make_room(l, now, mem, need, room, &unit, Victims::Resident, out);
+            let ask = Ask {
+                l,
+                need,
+                unit: &unit,
+                victims: Victims::Resident,
+            };
+            best = self.make_room(&ask, now, mem, room, out);
         }
         if best.is_none() && sticky.is_some() {
             return true;
@@ -327,80 +339,35 @@ impl ProgramScheduler {
         }
     }
 
-    /// Pauses programs of `l` (acting only, or any resident for at least
-    /// `max_wait_s`; pause order: acting first, shortest first) until a unit
-    /// needing `need` blocks fits, or fits the emptied replica. Pauses
-    /// nothing and returns `None` when even pausing every eligible program
-    /// would not make room — nor when this decision already saw it fail for
-    /// a need no larger ([`Room::failed`]).
-    #[allow(clippy::too_many_arguments)]
+    /// Pauses programs of `ask.l` (acting only, or any resident for at
+    /// least `max_wait_s`; pause order: acting first, shortest first) until
+    /// a unit needing `ask.need` blocks fits, or fits the emptied replica.
+    /// Pauses nothing and returns `None` when even pausing every eligible
+    /// program would not make room — nor when this decision already saw it
+    /// fail for a need no larger ([`Room::failed`]).
     fn make_room(
         &mut self,
-        l: usize,
+        ask: &Ask<'_>,
         now: f64,
         mem: &dyn Memory,
-        need: f64,
         room: &mut Room,
-        unit: &[ProgramId],
-        victims: Victims,
         out: &mut Decision,
     ) -> Option<usize> {
-        let eligible = |q: &Program, id: ProgramId| {
-            let in_unit_group = unit
-                .first()
-                .and_then(|u| self.programs.get(u))
-                .and_then(|u| u.group)
-                .is_some_and(|g| q.group == Some(g));
-            let ok = match victims {
-                Victims::Acting => q.phase == Phase::Acting,
-                Victims::Resident => self.rotatable(q, now, room.wait),
-            };
-            ok && !in_unit_group && !out.pause.contains(&id)
-        };
-        if room.known_to_fail(victims, need) {
+        if room.known_to_fail(ask.victims, ask.need) {
             return None;
         }
-        let grouped = unit
+        let grouped = ask
+            .unit
             .first()
             .and_then(|u| self.programs.get(u))
             .is_some_and(|u| u.group.is_some());
-        let order: Vec<(ProgramId, f64, usize)> = self
-            .pause_order(l, now, mem)
-            .into_iter()
-            .filter(|&(q, _, _)| self.programs.get(&q).is_some_and(|x| eligible(x, q)))
-            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem), held))
-            .collect();
-        if order.is_empty() {
-            room.note_failed(victims, need, grouped);
+        let Some((victims, freed)) = self.choose_victims(ask, now, mem, room, out) else {
+            room.note_failed(ask.victims, ask.need, grouped);
             return None;
-        }
-        let left = self.cfg.lambda_min * mem.capacity(l) as f64 - room.tentative[l];
-        let total: f64 = order.iter().map(|v| v.1).sum();
-        // Pausing every active program of `l` empties it, and an empty
-        // replica takes any unit its pool holds.
-        let empties = order.len() == self.active[l].len();
-        let reserve = self.cfg.decode_reserve_blocks as f64;
-        let fits_empty = empties && need - reserve <= mem.capacity(l) as f64;
-        if need > left + total && !fits_empty {
-            room.note_failed(victims, need, grouped);
-            return None;
-        }
-        // The victims: a prefix of the pause order.
-        let (mut freed, mut k) = (0.0, 0);
-        while k < order.len() && need > left + freed {
-            freed += order[k].1;
-            k += 1;
-        }
-        if victims == Victims::Resident && room.wait.gated {
-            let parked = *room.parked[l].get_or_insert_with(|| self.parked_blocks(l, mem));
-            if !self.tier_keeps(l, parked, order[..k].iter().map(|v| (v.0, v.2)), unit, mem) {
-                room.note_failed(victims, need, grouped);
-                return None;
-            }
-            room.parked[l] = None;
-        }
-        for &(q, _, _) in &order[..k] {
-            debug!(replica = l, program = %q, need, ?victims, "make room: pause");
+        };
+        let l = ask.l;
+        for q in victims {
+            debug!(replica = l, program = %q, need = ask.need, victims = ?ask.victims, "make room: pause");
             if self
                 .programs
                 .get(&q)
@@ -409,7 +376,7 @@ impl ProgramScheduler {
                 room.running[l] = room.running[l].saturating_sub(1);
             }
             self.mark_paused(q, now, mem);
-            match victims {
+            match ask.victims {
                 Victims::Acting => self.stats.work_conserving_pauses += 1,
                 Victims::Resident => self.stats.overdue_pauses += 1,
             }
@@ -422,6 +389,79 @@ impl ProgramScheduler {
         room.failed = [f64::INFINITY; 2];
         Some(l)
     }
+
+    /// The victims [`ProgramScheduler::make_room`] pauses — the shortest
+    /// prefix of the eligible programs' pause order that makes room — with
+    /// the blocks they free; `None` when no prefix does (or, under the
+    /// measured waiting bound, when the host tier would not keep what they
+    /// park).
+    fn choose_victims(
+        &self,
+        ask: &Ask<'_>,
+        now: f64,
+        mem: &dyn Memory,
+        room: &mut Room,
+        out: &Decision,
+    ) -> Option<(Vec<ProgramId>, f64)> {
+        let (l, need) = (ask.l, ask.need);
+        let unit_group = ask
+            .unit
+            .first()
+            .and_then(|u| self.programs.get(u))
+            .and_then(|u| u.group);
+        let eligible = |q: &Program, id: ProgramId| {
+            let ok = match ask.victims {
+                Victims::Acting => q.phase == Phase::Acting,
+                Victims::Resident => self.rotatable(q, now, room.wait),
+            };
+            let in_unit_group = unit_group.is_some_and(|g| q.group == Some(g));
+            ok && !in_unit_group && !out.pause.contains(&id)
+        };
+        let order: Vec<(ProgramId, f64, usize)> = self
+            .pause_order(l, now, mem)
+            .into_iter()
+            .filter(|&(q, _, _)| self.programs.get(&q).is_some_and(|x| eligible(x, q)))
+            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem), held))
+            .collect();
+        if order.is_empty() {
+            return None;
+        }
+        let left = self.cfg.lambda_min * mem.capacity(l) as f64 - room.tentative[l];
+        let total: f64 = order.iter().map(|v| v.1).sum();
+        // Pausing every active program of `l` empties it, and an empty
+        // replica takes any unit its pool holds.
+        let empties = order.len() == self.active[l].len();
+        let reserve = self.cfg.decode_reserve_blocks as f64;
+        let fits_empty = empties && need - reserve <= mem.capacity(l) as f64;
+        if need > left + total && !fits_empty {
+            return None;
+        }
+        // The victims: a prefix of the pause order.
+        let (mut freed, mut k) = (0.0, 0);
+        while k < order.len() && need > left + freed {
+            freed += order[k].1;
+            k += 1;
+        }
+        let chosen = &order[..k];
+        if ask.victims == Victims::Resident && room.wait.gated {
+            let parked = *room.parked[l].get_or_insert_with(|| self.parked_blocks(l, mem));
+            let parks = chosen.iter().map(|v| (v.0, v.2));
+            if !self.tier_keeps(l, parked, parks, ask.unit, mem) {
+                return None;
+            }
+            room.parked[l] = None;
+        }
+        Some((chosen.iter().map(|v| v.0).collect(), freed))
+    }
+}
+
+/// What [`ProgramScheduler::make_room`] makes room for: a unit needing
+/// `need` blocks on replica `l`, by pausing `victims`.
+struct Ask<'a> {
+    l: usize,
+    need: f64,
+    unit: &'a [ProgramId],
+    victims: Victims,
 }
 
 /// Who [`ProgramScheduler::make_room`] may pause.
