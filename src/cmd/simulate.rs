@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use agentd_report::{Plot, Series, Table};
 use agentd_scheduler::{PolicyKind, SchedulerConfig};
-use agentd_sim::{RunResult, SimConfig, StepCost, Workload, H100_QWEN3_8B_FP8_KV_TOKENS};
+use agentd_sim::{CostPreset, RunResult, SimConfig, Workload, H100_QWEN3_8B_FP8_KV_TOKENS};
 use anyhow::Context;
 use clap::Args;
 
@@ -15,8 +15,9 @@ use super::scheduler_args::SchedulerArgs;
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
-    /// Workload preset: swe, toolorch or bimodal (swe with 70% 0.3 s reads and
-    /// 30% 20 s test runs, named to the scheduler).
+    /// Workload preset: swe, toolorch, bimodal (swe with 70% 0.3 s reads and
+    /// 30% 20 s test runs, named to the scheduler) or long (programs joining
+    /// with 1-2k-token histories, 14 turns of 32 generated tokens).
     #[arg(long, default_value = "swe")]
     workload: Workload,
     /// Concurrent programs, comma-separated.
@@ -43,6 +44,10 @@ pub struct SimulateArgs {
     /// blocks are copied there and back over PCIe instead of recomputed.
     #[arg(long, default_value_t = 0)]
     host_kv_tokens: usize,
+    /// Step-time model: h100 (Qwen3-8B FP8 on one H100), cpu-avx2 or
+    /// cpu-avx512 (the CPU bench shape on a 2-core EPYC, per kernel path).
+    #[arg(long, default_value = "h100")]
+    cost: CostPreset,
     /// Tokens of one step's budget (max_num_batched_tokens).
     #[arg(long, default_value_t = 8192)]
     max_batched_tokens: usize,
@@ -83,7 +88,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             cfg.host_kv_tokens = args.host_kv_tokens;
             cfg.block_size = args.sched.block_size;
             cfg.max_batched_tokens = args.max_batched_tokens;
-            cfg.cost = StepCost::default();
+            cfg.cost = args.cost.into();
             cfg.check_invariants = args.check_invariants;
             let r =
                 agentd_sim::run(&cfg).with_context(|| format!("{policy} at concurrency {c}"))?;
@@ -200,8 +205,8 @@ fn plot(runs: &[RunResult], args: &SimulateArgs) -> Plot {
     };
     Plot::steps_and_hit_rate(
         format!(
-            "agentd simulate: {} workload, {} replica(s), {} KV tokens each",
-            args.workload.name, args.replicas, args.kv_tokens
+            "agentd simulate: {} workload, {} cost, {} replica(s), {} KV tokens each",
+            args.workload.name, args.cost, args.replicas, args.kv_tokens
         ),
         series(|r| r.steps_per_min),
         series(|r| r.prefix_hit_rate),

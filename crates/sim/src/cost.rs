@@ -18,6 +18,15 @@
 //! * `copy_token_s` — moving one token's 72 KiB between HBM and the host
 //!   tier over PCIe Gen5 x16 at ~25 GB/s effective ≈ 3 ns; the engine's copies
 //!   run before the forward, so they add to the step.
+//! * `per_logits_s` — per sequence that samples: the LM head row's softmax
+//!   and the sampler over a 151,936-token vocabulary. On the GPU it hides
+//!   in the step (0 here); on the CPU it is most of a decode row's cost.
+//!
+//! [`StepCost::cpu`] holds the same terms measured on a 2-core AMD EPYC
+//! (`benches/results/cpu-kernels-AMD-EPYC-avx512-avx2-portable.md`,
+//! `agentd bench-model`, shape qwen3-bench-gqa1: hidden 256, 8 layers,
+//! 8 KV heads × 64), one set per kernel path: the regime where prefill,
+//! not memory, is the bottleneck.
 
 /// Step-time constants (seconds).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,6 +36,7 @@ pub struct StepCost {
     pub attn_pair_s: f64,
     pub kv_read_s: f64,
     pub copy_token_s: f64,
+    pub per_logits_s: f64,
 }
 
 impl Default for StepCost {
@@ -37,6 +47,52 @@ impl Default for StepCost {
             attn_pair_s: 1.5e-9,
             kv_read_s: 22.0e-9,
             copy_token_s: 3.0e-9,
+            per_logits_s: 0.0,
+        }
+    }
+}
+
+/// A named set of step-time constants (`agentd simulate --cost`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CostPreset {
+    /// Qwen3-8B in FP8 on one H100 ([`StepCost::default`]).
+    H100,
+    /// The CPU bench shape on the AVX2+FMA kernels.
+    CpuAvx2,
+    /// The CPU bench shape on the AVX-512 kernels.
+    CpuAvx512,
+}
+
+impl std::str::FromStr for CostPreset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "h100" => Ok(Self::H100),
+            "cpu-avx2" => Ok(Self::CpuAvx2),
+            "cpu-avx512" => Ok(Self::CpuAvx512),
+            other => Err(format!(
+                "unknown cost preset '{other}' (expected h100, cpu-avx2 or cpu-avx512)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CostPreset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::H100 => "h100",
+            Self::CpuAvx2 => "cpu-avx2",
+            Self::CpuAvx512 => "cpu-avx512",
+        })
+    }
+}
+
+impl From<CostPreset> for StepCost {
+    fn from(p: CostPreset) -> Self {
+        match p {
+            CostPreset::H100 => Self::default(),
+            CostPreset::CpuAvx2 => Self::cpu(false),
+            CostPreset::CpuAvx512 => Self::cpu(true),
         }
     }
 }
@@ -52,6 +108,8 @@ pub struct StepShape {
     pub decode_context: usize,
     /// Tokens copied between the KV tiers before the forward.
     pub copied_tokens: usize,
+    /// Sequences that sample a token this step.
+    pub logits: usize,
 }
 
 impl StepShape {
@@ -63,15 +121,57 @@ impl StepShape {
         self.tokens += 1;
         self.decode_context += context;
     }
+    pub fn add_logits(&mut self) {
+        self.logits += 1;
+    }
 }
 
 impl StepCost {
+    /// The CPU bench shape, fitted to the kernel table (2 threads, tok/s):
+    ///
+    /// | path | prefill 512 / 4096 / 8192 | decode b1 @512 | b32 @512 | b32 @4096 |
+    /// |---|---|---|---|---|
+    /// | avx2 | 3914 / 2603 / 1641 | 59.7 | 390 | 176 |
+    /// | avx512 | 5296 / 3504 / 2620 | 68.2 | 508 | 175 |
+    ///
+    /// A prefill token costs `1/rate` at an average of n/2 pairs: avx2
+    /// 255 µs at 256 pairs, 384 at 2048, 609 at 4096 → ~90 ns a pair over
+    /// 232 µs; avx512 50 ns over 176 µs. A batch-1 decode step (16.7 /
+    /// 14.7 ms) is mostly the fixed weight stream (the 151,936 × 256 LM
+    /// head); each further decoding sequence adds ~2.1 / 1.6 ms at 512
+    /// tokens: its row of the matmuls, 0.6–0.9 µs per context token of
+    /// attention, and the rest (1.55 / 0.95 ms) its logits row and the
+    /// sampler (`per_logits_s`). Copying a token's KV (8 layers × 2 × 8 × 64 f32 =
+    /// 32 KiB) to the host tier is a memcpy at ~6 GB/s: ~5 µs.
+    pub fn cpu(avx512: bool) -> Self {
+        if avx512 {
+            Self {
+                fixed_s: 13.0e-3,
+                per_token_s: 176.0e-6,
+                attn_pair_s: 50.0e-9,
+                kv_read_s: 0.9e-6,
+                copy_token_s: 5.0e-6,
+                per_logits_s: 0.95e-3,
+            }
+        } else {
+            Self {
+                fixed_s: 14.5e-3,
+                per_token_s: 232.0e-6,
+                attn_pair_s: 90.0e-9,
+                kv_read_s: 0.6e-6,
+                copy_token_s: 5.0e-6,
+                per_logits_s: 1.55e-3,
+            }
+        }
+    }
+
     pub fn step_time(&self, s: &StepShape) -> f64 {
         self.fixed_s
             + self.per_token_s * s.tokens as f64
             + self.attn_pair_s * s.prefill_pairs
             + self.kv_read_s * s.decode_context as f64
             + self.copy_token_s * s.copied_tokens as f64
+            + self.per_logits_s * s.logits as f64
     }
 }
 
@@ -94,6 +194,38 @@ mod tests {
             large.add_decode(30_000);
         }
         assert!(c.step_time(&large) > 2.0 * c.step_time(&small));
+    }
+
+    /// The CPU presets reproduce the kernel table they were fitted to
+    /// (prefill tok/s at 512 / 4096 / 8192, batch-1 and batch-32 decode
+    /// at 512 tokens) within 15%.
+    #[test]
+    fn cpu_presets_match_the_measured_table() {
+        let cases = [
+            (false, [3914.3, 2602.9, 1641.4], 59.73, 389.58),
+            (true, [5295.9, 3504.0, 2620.2], 68.24, 507.52),
+        ];
+        for (avx512, prefill, b1, b32) in cases {
+            let c = StepCost::cpu(avx512);
+            for (n, want) in [512usize, 4096, 8192].into_iter().zip(prefill) {
+                let mut s = StepShape::default();
+                s.add_prefill(0, n);
+                s.add_logits();
+                let got = n as f64 / c.step_time(&s);
+                assert!((got / want - 1.0).abs() < 0.15, "{avx512} {n}: {got} vs {want}");
+            }
+            for (batch, want) in [(1usize, b1), (32, b32)] {
+                let mut s = StepShape::default();
+                for _ in 0..batch {
+                    s.add_decode(512);
+                    s.add_logits();
+                }
+                let got = batch as f64 / c.step_time(&s);
+                assert!((got / want - 1.0).abs() < 0.15, "{avx512} b{batch}: {got} vs {want}");
+            }
+        }
+        assert_eq!("cpu-avx2".parse::<CostPreset>(), Ok(CostPreset::CpuAvx2));
+        assert!("tpu".parse::<CostPreset>().is_err());
     }
 
     #[test]

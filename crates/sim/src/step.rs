@@ -62,6 +62,7 @@ impl Simulation {
                 shape.add_prefill(from, s.num_new);
             }
             if s.wants_logits {
+                shape.add_logits();
                 // The step's logits for the last token sample the next one.
                 append_tokens(prog, s.program, 1);
                 prog.generated += 1;

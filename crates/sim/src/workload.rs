@@ -144,6 +144,39 @@ impl Workload {
         (None, self.tool_time_s.sample(rng))
     }
 
+    /// Long contexts on a slow engine (issue 32's held-out regime): programs
+    /// join mid-history (a 1–2k-token history after a 512-token system
+    /// prompt), then 14 turns of 200–600 tool tokens and exactly 32
+    /// generated ones, tools about exponential with a 2 s mean (log-normal,
+    /// median 1.4 s = 2 s·ln 2, σ 1). Contexts grow from ~2k to ~7k tokens
+    /// (~4k on average), so a CPU engine spends most of its time in prefill:
+    /// the regime where admitting work the engine cannot compute soon
+    /// makes every decode wait behind other programs' prefill chunks.
+    pub fn long() -> Self {
+        Self {
+            name: "long".into(),
+            system_tokens: 512,
+            task_tokens: (1000, 2000),
+            steps: (14, 14),
+            tool_tokens: LogNormalClip {
+                median: 350.0,
+                sigma: 0.35,
+                lo: 200.0,
+                hi: 600.0,
+            },
+            gen_tokens: (32, 32),
+            tool_time_s: LogNormalClip {
+                median: 1.4,
+                sigma: 1.0,
+                lo: 0.05,
+                hi: 30.0,
+            },
+            max_context: 16_384,
+            group_size: 1,
+            tools: Vec::new(),
+        }
+    }
+
     /// Tool orchestration: fewer, longer steps and heavy-tailed tool time
     /// (median 3 s, p99 ≈ 3·e^(2.33·1.4) ≈ 78 s).
     pub fn toolorch() -> Self {
@@ -179,8 +212,9 @@ impl FromStr for Workload {
             "swe" => Ok(Self::swe()),
             "toolorch" => Ok(Self::toolorch()),
             "bimodal" => Ok(Self::bimodal()),
+            "long" => Ok(Self::long()),
             other => Err(format!(
-                "unknown workload '{other}' (expected swe, toolorch or bimodal)"
+                "unknown workload '{other}' (expected swe, toolorch, bimodal or long)"
             )),
         }
     }
