@@ -139,7 +139,7 @@ impl KvCache {
         let salt = self.salt ^ salt;
         if kv.salt != salt {
             // Nothing of the old chain may be reused, not even the unhashed tail.
-            self.truncate(p, &mut kv, 0);
+            self.truncate(p, &mut kv, 0, false);
             kv.hashes.clear();
             kv.tail.clear();
             kv.salt = salt;
@@ -167,7 +167,7 @@ impl KvCache {
             kv.tail.clear();
             keep
         };
-        self.truncate(p, &mut kv, keep_blocks);
+        self.truncate(p, &mut kv, keep_blocks, false);
         kv.hashes.truncate(keep);
 
         // 2. The shared prefix cache (only when the own table ended block-aligned).
@@ -377,7 +377,7 @@ impl KvCache {
     /// The chain of hashes is kept so the scheduler can probe what survives.
     pub fn pause(&mut self, p: ProgramId) {
         if let Some(mut kv) = self.programs.remove(&p) {
-            self.truncate(p, &mut kv, 0);
+            self.truncate(p, &mut kv, 0, false);
             kv.tail.clear();
             kv.num_computed = 0;
             kv.num_slots = 0;
@@ -385,10 +385,13 @@ impl KvCache {
         }
     }
 
-    /// Forgets `p` entirely (the program ended).
+    /// Forgets `p` entirely (the program ended). Its blocks stay cached
+    /// for prefix hits, but an eviction drops them instead of copying them
+    /// to the host tier (`pool.rs`, `Block::ended`).
     pub fn release(&mut self, p: ProgramId) {
-        self.pause(p);
-        self.programs.remove(&p);
+        if let Some(mut kv) = self.programs.remove(&p) {
+            self.truncate(p, &mut kv, 0, true);
+        }
     }
 
     /// Forgets every cached block except those the programs `keep` hold
@@ -477,10 +480,10 @@ impl KvCache {
 
     /// Releases `kv.blocks[keep..]`, last block first so the LRU evicts the end
     /// of a chain before its beginning (a prefix is only useful whole).
-    fn truncate(&mut self, p: ProgramId, kv: &mut ProgramKv, keep: usize) {
+    fn truncate(&mut self, p: ProgramId, kv: &mut ProgramKv, keep: usize, ended: bool) {
         while kv.blocks.len() > keep {
             let Some(b) = kv.blocks.pop() else { break };
-            match self.pool.release(b, p) {
+            match self.pool.release(b, p, ended) {
                 Exclusivity::Caller => kv.exclusive -= 1,
                 Exclusivity::Gained(q) => self.adjust_exclusive(q, 1),
                 Exclusivity::Lost(_) | Exclusivity::Unchanged => {}

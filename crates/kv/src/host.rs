@@ -10,6 +10,11 @@
 //! by copies (a few MB at memory bandwidth) instead of recomputing its
 //! context (a prefill ∝ c²).
 //!
+//! Only blocks that may come back are offloaded: a block whose last
+//! reference was dropped by a program that *ended* (`KvCache::release`) is
+//! dropped when evicted, so finished programs' contexts never push parked
+//! ones out of the tier (`pool.rs`, `Block::ended`, has the figures).
+//!
 //! This crate only decides and records the copies ([`BlockCopy`]); the
 //! runner moves the bytes before the step's forward, in recorded order
 //! (an offload into a slot and a later onload from it stay ordered).

@@ -209,7 +209,44 @@ fn a_paused_program_is_restored_from_the_host_tier() {
         .filter(|c| matches!(c, BlockCopy::Onload { .. }))
         .count();
     assert_eq!(onloads, 6);
-    // Making room for a's blocks evicted six of b's cached ones in turn.
-    assert_eq!(kv.host_copies(), (12, 6));
+    // Making room for a's blocks evicted six of b's cached ones in turn;
+    // b had ended, so they were dropped, not offloaded.
+    assert_eq!(kv.host_copies(), (6, 6));
+    kv.check_invariants().unwrap();
+}
+
+/// The tier keeps what will come back: a paused program's evicted blocks
+/// are offloaded, an ended program's are dropped (still matched while the
+/// device pool holds them), and a block an ended program left that another
+/// program takes up again is offloaded like any other when evicted later.
+#[test]
+fn an_ended_programs_blocks_are_not_offloaded() {
+    let mut kv = KvCache::new(4, BS, 0);
+    kv.enable_host_tier(16);
+    let (a, b, c) = (ProgramId(1), ProgramId(2), ProgramId(3));
+    let ctx_a: Vec<u32> = (0..16).collect();
+    kv.match_prefix(a, &ctx_a);
+    kv.allocate_slots(a, 16).unwrap();
+    kv.commit(a, &ctx_a).unwrap();
+    kv.release(a);
+    // Still cached on the device: a new program with a's context hits it.
+    let m = kv.match_prefix(c, &ctx_a);
+    assert_eq!(m.cached_tokens, 12, "all but the block of the last token");
+    kv.pause(c);
+    // b fills the pool: c's paused blocks (three taken up from a's) are
+    // offloaded; a's last block, which only a ever held, is dropped.
+    let ctx_b: Vec<u32> = (100..116).collect();
+    kv.match_prefix(b, &ctx_b);
+    kv.allocate_slots(b, 16).unwrap();
+    kv.commit(b, &ctx_b).unwrap();
+    let offloads = kv
+        .drain_copies()
+        .iter()
+        .filter(|x| matches!(x, BlockCopy::Offload { .. }))
+        .count();
+    assert_eq!(offloads, 3);
+    kv.release(b);
+    let m = kv.match_prefix(c, &ctx_a);
+    assert_eq!(m.cached_tokens, 12, "the paused program's blocks come back");
     kv.check_invariants().unwrap();
 }
