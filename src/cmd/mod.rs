@@ -9,6 +9,7 @@ pub mod device;
 pub mod dtype;
 pub mod generate;
 pub mod generation;
+pub mod host_tier;
 pub mod kv_events;
 pub mod kv_size;
 pub mod make_model;

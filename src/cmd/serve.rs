@@ -93,7 +93,8 @@ pub struct ServeArgs {
     pub kv_cache_memory: Option<u64>,
     /// Host-memory KV tier per replica in GiB, as vLLM's flag: cached blocks
     /// the pool evicts are copied there and matched back instead of
-    /// recomputed (CPU device only for now).
+    /// recomputed (CPU device only for now). Default on the CPU: a quarter
+    /// of available memory, at most 8x the pool; 0 turns it off.
     #[arg(long)]
     pub kv_offloading_size: Option<f64>,
     /// Host-tier blocks per replica (instead of --kv-offloading-size).
@@ -279,28 +280,23 @@ fn served_model(args: &ServeArgs) -> Result<ServedModel> {
     })
 }
 
-/// Host-tier blocks per replica (`--num-host-kv-blocks` or
-/// `--kv-offloading-size` GiB).
+/// Host-tier blocks per replica (`host_tier.rs`), logged with the reason.
 fn host_blocks(args: &ServeArgs, kv: &KvPlan) -> Result<usize> {
-    Ok(match (args.kv_offloading_size, args.num_host_kv_blocks) {
-        (_, Some(n)) => n,
-        (Some(gib), None) => {
-            anyhow::ensure!(
-                gib.is_finite() && gib >= 0.0,
-                "--kv-offloading-size must be a size in GiB, got {gib}"
-            );
-            let per_block = kv.bytes_per_block;
-            let blocks = (gib * (1u64 << 30) as f64 / per_block as f64) as usize;
-            tracing::info!(
-                gib,
-                per_block,
-                blocks,
-                "host KV tier sized from --kv-offloading-size"
-            );
-            blocks
-        }
-        (None, None) => 0,
-    })
+    let (blocks, why) = super::host_tier::plan(
+        &super::host_tier::TierArgs {
+            kv_offloading_size: args.kv_offloading_size,
+            num_host_kv_blocks: args.num_host_kv_blocks,
+            cuda: args.device == "cuda",
+            mem_available: super::host_tier::mem_available(),
+        },
+        kv,
+    )?;
+    tracing::info!(
+        blocks,
+        tokens = blocks.saturating_mul(kv.block_size),
+        "host KV tier: {why}"
+    );
+    Ok(blocks)
 }
 
 /// Starts the engine; on CUDA a pool sized from device memory gets its

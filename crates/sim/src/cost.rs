@@ -24,7 +24,7 @@
 //!
 //! [`StepCost::cpu`] holds the same terms measured on a 2-core AMD EPYC
 //! (`benches/results/cpu-kernels-AMD-EPYC-avx512-avx2-portable.md`,
-//! `agentd bench-model`, shape qwen3-bench-gqa1: hidden 256, 8 layers,
+//! `agentd bench-model`, shape qwen3-bench-gqa1: hidden 256, 4 layers,
 //! 8 KV heads × 64), one set per kernel path: the regime where prefill,
 //! not memory, is the bottleneck.
 
@@ -150,7 +150,7 @@ impl StepCost {
                 per_token_s: 176.0e-6,
                 attn_pair_s: 50.0e-9,
                 kv_read_s: 0.9e-6,
-                copy_token_s: 5.0e-6,
+                copy_token_s: 3.0e-6,
                 per_logits_s: 0.95e-3,
             }
         } else {
@@ -159,7 +159,7 @@ impl StepCost {
                 per_token_s: 232.0e-6,
                 attn_pair_s: 90.0e-9,
                 kv_read_s: 0.6e-6,
-                copy_token_s: 5.0e-6,
+                copy_token_s: 3.0e-6,
                 per_logits_s: 1.55e-3,
             }
         }
@@ -212,7 +212,10 @@ mod tests {
                 s.add_prefill(0, n);
                 s.add_logits();
                 let got = n as f64 / c.step_time(&s);
-                assert!((got / want - 1.0).abs() < 0.15, "{avx512} {n}: {got} vs {want}");
+                assert!(
+                    (got / want - 1.0).abs() < 0.15,
+                    "{avx512} {n}: {got} vs {want}"
+                );
             }
             for (batch, want) in [(1usize, b1), (32, b32)] {
                 let mut s = StepShape::default();
@@ -221,7 +224,10 @@ mod tests {
                     s.add_logits();
                 }
                 let got = batch as f64 / c.step_time(&s);
-                assert!((got / want - 1.0).abs() < 0.15, "{avx512} b{batch}: {got} vs {want}");
+                assert!(
+                    (got / want - 1.0).abs() < 0.15,
+                    "{avx512} b{batch}: {got} vs {want}"
+                );
             }
         }
         assert_eq!("cpu-avx2".parse::<CostPreset>(), Ok(CostPreset::CpuAvx2));
