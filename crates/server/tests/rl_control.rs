@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use agentd_models::synth::{write_random_model, ModelCard};
-use common::{get, post, request, start, start_dir, test_config};
+use common::{get, id_list, post, request, start, start_dir, test_config};
 use serde_json::{json, Value};
 
 const PROMPT: &str = "The history of the world in one long sentence";
@@ -28,14 +28,6 @@ fn cached_prompt() -> String {
 }
 /// Long enough to pause or abort mid-way (ignore_eos): seconds on the tiny model.
 const LONG: u64 = 1500;
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|t| t.as_u64().expect("an id"))
-        .collect()
-}
 
 fn long_body(rid: &str, stream: bool) -> Value {
     json!({"text": PROMPT, "rid": rid, "stream": stream,
@@ -102,7 +94,7 @@ fn abort_request_by_rid_ends_the_request_with_abort() {
     let last = t.join().expect("stream thread");
     let m = &last["meta_info"];
     assert_eq!(m["finish_reason"]["type"], "abort", "{last}");
-    let n = ids(&last["output_ids"]).len() as u64;
+    let n = id_list(&last["output_ids"]).len() as u64;
     assert!(n > 0 && n < LONG, "partial output: {n}");
     assert_eq!(m["completion_tokens"].as_u64(), Some(n));
     // Unknown rids and abort_all with nothing running are no-ops.
@@ -124,7 +116,7 @@ fn abort_request_by_rid_ends_the_request_with_abort() {
 fn reference(addr: SocketAddr) -> Vec<u64> {
     let r = post(addr, "/generate", &long_body("ref", false));
     assert_eq!(r.status, 200, "{}", r.body);
-    ids(&r.json()["output_ids"])
+    id_list(&r.json()["output_ids"])
 }
 
 /// Pauses in `mode` with the long request in flight and a second request
@@ -170,7 +162,7 @@ fn in_place_pause_resumes_to_the_uninterrupted_tokens() {
     let (last, want, late) = pause_with_a_request_in_flight("in_place");
     assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
     assert_eq!(
-        ids(&last["output_ids"]),
+        id_list(&last["output_ids"]),
         want,
         "in_place: same tokens as uninterrupted"
     );
@@ -181,7 +173,7 @@ fn in_place_pause_resumes_to_the_uninterrupted_tokens() {
 fn retract_pause_recomputes_and_loses_no_token() {
     let (last, want, late) = pause_with_a_request_in_flight("retract");
     assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
-    let got = ids(&last["output_ids"]);
+    let got = id_list(&last["output_ids"]);
     assert_eq!(got.len(), want.len(), "no token lost or duplicated");
     assert_eq!(got, want, "greedy recompute continues the same tokens");
     assert_eq!(late["meta_info"]["completion_tokens"], 3);
@@ -194,7 +186,7 @@ fn abort_pause_returns_the_partial_output() {
         last["meta_info"]["finish_reason"]["type"], "abort",
         "{last}"
     );
-    let got = ids(&last["output_ids"]);
+    let got = id_list(&last["output_ids"]);
     assert!(!got.is_empty() && got.len() < want.len(), "{}", got.len());
     assert_eq!(got, want[..got.len()], "the partial output is a prefix");
     assert_eq!(late["meta_info"]["completion_tokens"], 3);
@@ -401,7 +393,7 @@ fn a_weight_update_waits_for_the_requests_in_flight() {
     });
     let last = t.join().expect("stream");
     // The request in flight finished on the old weights, whole.
-    assert_eq!(ids(&last["output_ids"]), want_old);
+    assert_eq!(id_list(&last["output_ids"]), want_old);
     let r = update.join().expect("update");
     assert_eq!(r.status, 200, "{}", r.body);
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agentd_engine::EngineConfig;
 use agentd_models::synth::{write_random_model, ModelCard};
-use common::{get, post, request, start_dir};
+use common::{get, output_ids, post, request, start_dir};
 use serde_json::{json, Value};
 
 /// Pool blocks of 16 tokens; 256 KiB each for the model below.
@@ -77,20 +77,11 @@ fn prompt(i: usize) -> Vec<u64> {
 fn greedy(addr: SocketAddr, i: usize) -> Vec<u64> {
     let r = post(addr, "/generate", &body(i));
     assert_eq!(r.status, 200, "{}", r.body);
-    ids(&r.json())
+    output_ids(&r.json())
 }
 
 fn body(i: usize) -> Value {
     json!({"input_ids": prompt(i), "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v["output_ids"]
-        .as_array()
-        .expect("output_ids")
-        .iter()
-        .map(|t| t.as_u64().expect("an id"))
-        .collect()
 }
 
 fn error_message(r: &common::Resp) -> String {

@@ -7,16 +7,8 @@
 
 mod common;
 
-use common::{get, post, request, shared};
+use common::{get, id_list, post, request, shared};
 use serde_json::{json, Value};
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|t| t.as_u64().expect("an id"))
-        .collect()
-}
 
 #[test]
 fn tokenize_matches_the_prompt_the_engine_sees_and_detokenize_inverts_it() {
@@ -25,7 +17,7 @@ fn tokenize_matches_the_prompt_the_engine_sees_and_detokenize_inverts_it() {
     let t = post(addr, "/tokenize", &json!({"prompt": prompt}));
     assert_eq!(t.status, 200, "{}", t.body);
     let t = t.json();
-    let tokens = ids(&t["tokens"]);
+    let tokens = id_list(&t["tokens"]);
     assert_eq!(t["count"].as_u64(), Some(tokens.len() as u64));
     assert!(t["max_model_len"].as_u64().is_some_and(|m| m > 0));
     assert!(t["token_strs"].is_null(), "{t}");
@@ -36,7 +28,7 @@ fn tokenize_matches_the_prompt_the_engine_sees_and_detokenize_inverts_it() {
         &json!({"prompt": prompt, "max_tokens": 1, "return_token_ids": true}),
     );
     assert_eq!(c.status, 200, "{}", c.body);
-    assert_eq!(ids(&c.json()["choices"][0]["prompt_token_ids"]), tokens);
+    assert_eq!(id_list(&c.json()["choices"][0]["prompt_token_ids"]), tokens);
     // Token strings, vLLM's `convert_ids_to_tokens`: byte-level spellings.
     let s = post(
         addr,
@@ -68,7 +60,7 @@ fn tokenize_messages_renders_the_chat_template() {
         &json!({"messages": messages, "chat_template_kwargs": kwargs}),
     );
     assert_eq!(t.status, 200, "{}", t.body);
-    let tokens = ids(&t.json()["tokens"]);
+    let tokens = id_list(&t.json()["tokens"]);
     // The chat route renders the same prompt: its usage counts these tokens.
     let c = post(
         addr,
@@ -95,7 +87,7 @@ fn tokenize_messages_renders_the_chat_template() {
         &json!({"messages": messages, "add_generation_prompt": false}),
     )
     .json();
-    assert!(ids(&bare["tokens"]).len() < tokens.len());
+    assert!(id_list(&bare["tokens"]).len() < tokens.len());
 }
 
 #[test]
@@ -147,13 +139,13 @@ fn greedy_generate_equals_completions() {
     );
     assert_eq!(c.status, 200, "{}", c.body);
     let c = c.json();
-    let want_ids = ids(&c["choices"][0]["token_ids"]);
+    let want_ids = id_list(&c["choices"][0]["token_ids"]);
     let want_text = c["choices"][0]["text"].as_str().expect("text");
     let g = generate(&json!({
         "text": PROMPT, "rid": "greedy-1",
         "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": true},
     }));
-    assert_eq!(ids(&g["output_ids"]), want_ids, "{g}");
+    assert_eq!(id_list(&g["output_ids"]), want_ids, "{g}");
     assert_eq!(g["text"], want_text);
     let m = &g["meta_info"];
     assert_eq!(m["id"], "greedy-1");
@@ -164,12 +156,12 @@ fn greedy_generate_equals_completions() {
     assert_eq!(m["weight_version"], "default");
     assert!(m["e2e_latency"].is_f64(), "{m}");
     // The same prompt as token ids.
-    let prompt_ids = ids(&post(addr, "/tokenize", &json!({"prompt": PROMPT})).json()["tokens"]);
+    let prompt_ids = id_list(&post(addr, "/tokenize", &json!({"prompt": PROMPT})).json()["tokens"]);
     let g2 = generate(&json!({
         "input_ids": prompt_ids,
         "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": true},
     }));
-    assert_eq!(ids(&g2["output_ids"]), want_ids);
+    assert_eq!(id_list(&g2["output_ids"]), want_ids);
     // A batch answers a list, each with its index; n > 1 too.
     let b = generate(&json!({
         "text": [PROMPT, "Hello"], "rid": ["b-0", "b-1"],
@@ -179,7 +171,7 @@ fn greedy_generate_equals_completions() {
     assert_eq!(b.len(), 2);
     assert_eq!(b[0]["meta_info"]["id"], "b-0");
     assert_eq!(b[1]["index"], 1);
-    assert_eq!(ids(&b[0]["output_ids"]), want_ids[..4]);
+    assert_eq!(id_list(&b[0]["output_ids"]), want_ids[..4]);
     let n = generate(&json!({"text": PROMPT,
         "sampling_params": {"max_new_tokens": 3, "temperature": 1.0, "n": 3}}));
     assert_eq!(n.as_array().map(Vec::len), Some(3), "{n}");
@@ -191,7 +183,7 @@ fn logprobs_are_sglang_triples_and_stops_say_what_matched() {
         "text": PROMPT, "return_logprob": true, "top_logprobs_num": 2,
         "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": true},
     }));
-    let out = ids(&g["output_ids"]);
+    let out = id_list(&g["output_ids"]);
     let m = &g["meta_info"];
     let lps = m["output_token_logprobs"]
         .as_array()
@@ -216,7 +208,7 @@ fn logprobs_are_sglang_triples_and_stops_say_what_matched() {
         "text": PROMPT,
         "sampling_params": {"max_new_tokens": 6, "temperature": 0, "stop_token_ids": [stop_id]},
     }));
-    let got = ids(&g["output_ids"]);
+    let got = id_list(&g["output_ids"]);
     assert_eq!(got.last(), Some(&stop_id), "{g}");
     assert_eq!(
         g["meta_info"]["finish_reason"],
@@ -262,7 +254,7 @@ fn generate_streams_the_output_so_far() {
     let mut prev = 0;
     for c in &chunks[..chunks.len() - 1] {
         assert!(c["meta_info"]["finish_reason"].is_null(), "{c}");
-        let n = ids(&c["output_ids"]).len();
+        let n = id_list(&c["output_ids"]).len();
         assert!(n >= prev, "cumulative ids");
         prev = n;
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use agentd_engine::Engine;
 use agentd_server::AppState;
-use common::{get, model_dir, post, request, start, start_state, test_config, MODEL};
+use common::{get, model_dir, output_ids, post, request, start, start_state, test_config, MODEL};
 use serde_json::{json, Value};
 
 fn dev_server() -> SocketAddr {
@@ -24,15 +24,6 @@ fn dev_server() -> SocketAddr {
     let mut state = AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state");
     state.dev_mode = true;
     start_state(Arc::new(state))
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v["output_ids"]
-        .as_array()
-        .expect("output_ids")
-        .iter()
-        .map(|t| t.as_u64().expect("an id"))
-        .collect()
 }
 
 fn body(rid: &str, max_new_tokens: u64) -> Value {
@@ -90,7 +81,7 @@ fn pause_modes_resume_and_reset_prefix_cache() {
         json!({"weight_version": "default"})
     );
     let r = post(addr, "/generate", &body("ref", 400));
-    let want = ids(&r.json());
+    let want = output_ids(&r.json());
 
     // keep: the request stops with its KV and resumes to the same tokens.
     let t = generate_in_thread(addr, body("keep", 400));
@@ -113,7 +104,11 @@ fn pause_modes_resume_and_reset_prefix_cache() {
     assert!(!late.is_finished(), "a request ran while paused");
     let r = post_q(addr, "/resume");
     assert_eq!((r.status, r.json()), (200, json!({"status": "resumed"})));
-    assert_eq!(ids(&t.join().expect("keep")), want, "keep resumes exactly");
+    assert_eq!(
+        output_ids(&t.join().expect("keep")),
+        want,
+        "keep resumes exactly"
+    );
     assert_eq!(
         late.join().expect("late")["meta_info"]["completion_tokens"],
         3
@@ -191,7 +186,7 @@ fn pause_modes_resume_and_reset_prefix_cache() {
 #[test]
 fn sleep_and_wake_up_by_level_and_tags() {
     let addr = dev_server();
-    let want = ids(&post(addr, "/generate", &body("ref", 40)).json());
+    let want = output_ids(&post(addr, "/generate", &body("ref", 40)).json());
     let sleeping = |addr| get(addr, "/is_sleeping").json()["is_sleeping"].clone();
     assert_eq!(sleeping(addr), json!(false));
 
@@ -210,7 +205,7 @@ fn sleep_and_wake_up_by_level_and_tags() {
     let r = post_q(addr, "/wake_up");
     assert_eq!((r.status, r.body.as_str()), (200, ""), "{}", r.body);
     assert_eq!(sleeping(addr), json!(false));
-    assert_eq!(ids(&held.join().expect("held")), want);
+    assert_eq!(output_ids(&held.join().expect("held")), want);
 
     // Level 2 (weights too, with a request running: aborted first); woken
     // tag by tag, the weights read again from disk.
@@ -231,7 +226,7 @@ fn sleep_and_wake_up_by_level_and_tags() {
     assert_eq!(post_q(addr, "/wake_up?tags=kv_cache").status, 200);
     assert_eq!(sleeping(addr), json!(false));
     assert_eq!(
-        ids(&post(addr, "/generate", &body("after", 40)).json()),
+        output_ids(&post(addr, "/generate", &body("after", 40)).json()),
         want
     );
 
@@ -247,5 +242,8 @@ fn sleep_and_wake_up_by_level_and_tags() {
         assert!(r.json()["error"]["message"].is_string(), "{}", r.body);
     }
     assert_eq!(sleeping(addr), json!(false));
-    assert_eq!(ids(&post(addr, "/generate", &body("end", 40)).json()), want);
+    assert_eq!(
+        output_ids(&post(addr, "/generate", &body("end", 40)).json()),
+        want
+    );
 }

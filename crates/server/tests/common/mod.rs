@@ -307,6 +307,21 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
 }
 
+/// A JSON array of token ids (SGLang's `output_ids`, `/tokenize`'s
+/// `tokens`).
+pub fn id_list(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("an id list")
+        .iter()
+        .map(|t| t.as_u64().expect("an id"))
+        .collect()
+}
+
+/// The `output_ids` of an SGLang `/generate` answer.
+pub fn output_ids(v: &Value) -> Vec<u64> {
+    id_list(&v["output_ids"])
+}
+
 pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
     request(addr, "POST", path, &[], Some(&body.to_string()))
 }
