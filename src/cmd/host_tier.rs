@@ -8,7 +8,11 @@
 //!   the OS keep the rest), **capped at 8× the pool**: the CPU bench with a
 //!   tier of 8× its pool and the measured rotation ran 650 steps/min
 //!   against 525 without (1.24×), p99/p50 1.6 against 34.8
-//!   (`benches/results/host-tier.md`);
+//!   (`benches/results/host-tier.md`). With this default (8 pools at the
+//!   cap) against `--kv-offloading-size 0` on one AMD EPYC (avx512 path),
+//!   the long workload ran 1.16× / 1.39× the steps/min at 16 / 48
+//!   programs, p99 12.2 vs 37.4 s and 19.1 vs 68.9 s
+//!   (`benches/results/host-tier-default.md`);
 //! * any size helps, more helps more: `agentd simulate` (swe, H100 cost,
 //!   192 programs, tier in pools: 0 / 0.5 / 1 / 2 / 4) ran 300.9 / 300.5 /
 //!   306.8 / 316.6 / 322.8 steps/min; the CPU long workload (`--workload
