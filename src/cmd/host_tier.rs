@@ -14,8 +14,8 @@
 //!   programs, p99 12.2 vs 37.4 s and 19.1 vs 68.9 s
 //!   (`benches/results/host-tier-default.md`);
 //! * any size helps, more helps more: `agentd simulate` (swe, H100 cost,
-//!   192 programs, tier in pools: 0 / 0.5 / 1 / 2 / 4) ran 300.9 / 300.5 /
-//!   306.8 / 316.6 / 322.8 steps/min; the CPU long workload (`--workload
+//!   192 programs, tier in pools: 0 / 0.5 / 1 / 2 / 4) ran 297.4 / 298.6 /
+//!   306.8 / 316.6 / 322.8 steps/min (`benches/results/sim-host-tier.md`); the CPU long workload (`--workload
 //!   long --cost cpu-avx2`, a 32,768-token pool, 16 programs) 77.5 without
 //!   a tier and 118–120 with 2–8 pools.
 //!

@@ -44,11 +44,10 @@ struct Block {
     dup_of: Option<BlockHash>,
     /// Evictable because the program that last referenced it ended: it is
     /// dropped when evicted rather than copied to the host tier. The tier
-    /// keeps parked contexts that will come back; a finished program's
-    /// blocks (hundreds of thousands of tokens a minute at 192 swe
-    /// programs) would push them out: `agentd simulate` swe, 192 programs,
-    /// a tier of twice the pool, ran 249 steps/min with them offloaded
-    /// against 301 with the tier off.
+    /// keeps parked contexts that will come back; finished programs'
+    /// blocks pushed them out: `agentd simulate` swe, 192 programs, a tier
+    /// of twice the pool, ran 249 steps/min with them offloaded (below
+    /// 297.4 with no tier) and 316.6 with them dropped.
     ended: bool,
 }
 
