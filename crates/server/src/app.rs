@@ -294,6 +294,13 @@ pub fn router(state: SharedState) -> Router {
         // vLLM's tokenizer routes (RL trainers tokenize through the server).
         .route("/tokenize", post(routes::tokenize::tokenize))
         .route("/detokenize", post(routes::tokenize::detokenize))
+        // vLLM's token-in generate and vllm-router's session release
+        // (SkyRL's data plane: routes/vllm_tokens).
+        .route(
+            "/inference/v1/generate",
+            post(routes::vllm_tokens::generate),
+        )
+        .route("/finish_session", post(routes::vllm_tokens::finish_session))
         // SGLang's native surface (RL trainers: routes/sglang).
         .route(
             "/generate",

@@ -363,6 +363,11 @@ pub struct ModelCard {
     /// model's generation_config.json (`--generation-config auto`) or the
     /// neutral defaults.
     pub sampling_defaults: SamplingDefaults,
+    /// The serving weights' version (SGLang's `weight_version`; set by
+    /// `/update_weights_from_disk`, `/finish_weight_update`,
+    /// `/update_weight_version`), so a trainer can tell which policy a
+    /// sample came from.
+    pub weight_version: String,
 }
 
 /// The default sampling fields vLLM takes from `generation_config.json`.

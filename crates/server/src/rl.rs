@@ -20,6 +20,10 @@ pub struct RlState {
     model_path: Mutex<String>,
     /// Requests in flight by `rid`: each engine request of the request.
     rids: Mutex<HashMap<String, Vec<AbortHandle>>>,
+    /// vLLM's weight-update session (`/start_weight_update` to
+    /// `/finish_weight_update`, `routes::vllm_weights`): `None` outside
+    /// one, else whether a checkpoint was loaded in it.
+    weight_session: Mutex<Option<bool>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -32,6 +36,7 @@ impl RlState {
             weight_version: Mutex::new(DEFAULT_WEIGHT_VERSION.to_string()),
             model_path: Mutex::new(model_path),
             rids: Mutex::new(HashMap::new()),
+            weight_session: Mutex::new(None),
         }
     }
 
@@ -49,6 +54,11 @@ impl RlState {
 
     pub fn set_model_path(&self, p: String) {
         *locked(&self.model_path) = p;
+    }
+
+    /// vLLM's weight-update session, locked (never across an await).
+    pub fn weight_session(&self) -> MutexGuard<'_, Option<bool>> {
+        locked(&self.weight_session)
     }
 
     /// Registers the engine requests of `rid`; a `rid` already in flight is

@@ -16,6 +16,53 @@ pub enum StopOutcome {
     Stopped(String),
 }
 
+/// What ended a generation that finished with `stop`: SGLang's
+/// `finish_reason.matched` and vLLM's `stop_reason` both say it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Matched {
+    /// The model's end-of-sequence token.
+    Eos(u32),
+    /// One of the request's `stop_token_ids`.
+    Token(u32),
+    /// One of the request's stop strings.
+    Text(String),
+    /// Nothing known (e.g. the output ended otherwise).
+    Nothing,
+}
+
+/// What stopped an output of `ids` whose returned text is `text`: the stop
+/// token it ended with (EOS first, as vLLM checks it first), else the stop
+/// string found where the text ends (included in it) or in the rest of the
+/// output, `full()` being the whole output's text (the rest is cut off).
+pub fn matched(
+    ids: &[u32],
+    text: &str,
+    sampling: &crate::sampling::Sampling,
+    eos: &[u32],
+    full: impl FnOnce() -> String,
+) -> Matched {
+    let params = &sampling.params;
+    if let Some(&last) = ids.last() {
+        if !params.ignore_eos && eos.contains(&last) {
+            return Matched::Eos(last);
+        }
+        if params.stop_token_ids.contains(&last) {
+            return Matched::Token(last);
+        }
+    }
+    let stops = &sampling.stop;
+    if let Some(s) = stops.iter().find(|s| text.ends_with(s.as_str())) {
+        return Matched::Text(s.clone());
+    }
+    let full = full();
+    let rest = full.get(text.len()..).unwrap_or("");
+    stops
+        .iter()
+        .filter_map(|s| rest.find(s.as_str()).map(|at| (at, s)))
+        .min()
+        .map_or(Matched::Nothing, |(_, s)| Matched::Text(s.clone()))
+}
+
 #[derive(Debug, Clone)]
 pub struct StopMatcher {
     stops: Vec<String>,

@@ -16,8 +16,9 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use agentd_models::synth::{write_random_model, ModelCard};
-use common::{get, id_list, post, request, start, start_dir, test_config};
+use common::{
+    checkpoint, get, id_list, post, request, second_checkpoint, start, start_dir, test_config,
+};
 use serde_json::{json, Value};
 
 const PROMPT: &str = "The history of the world in one long sentence";
@@ -259,27 +260,6 @@ fn bad_control_bodies_are_4xx_json() {
         &json!({"text": "ok", "sampling_params": {"max_new_tokens": 1}}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
-}
-
-/// A checkpoint of the tiny model's card with `layers` layers and `seed`,
-/// written once per target dir.
-fn checkpoint(name: &str, layers: usize, seed: u64) -> PathBuf {
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    if !out.join(".complete").is_file() {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let card = ModelCard::from_file(&root.join("models/qwen3-tiny.json")).expect("card");
-        let mut cfg = card.config.clone();
-        cfg.num_hidden_layers = layers;
-        write_random_model(&cfg, &out, seed, card.tokenizer_dir.as_deref())
-            .expect("write the checkpoint");
-        std::fs::write(out.join(".complete"), b"").expect("marker");
-    }
-    out
-}
-
-/// A second checkpoint of the tiny model's shape (seed 1).
-fn second_checkpoint() -> PathBuf {
-    checkpoint("server-tiny-qwen3-seed1", 2, 1)
 }
 
 /// A copy of `dir` whose config.json has `key` set to `value`.

@@ -26,6 +26,7 @@ pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
             root: state.model_root.clone(),
             max_model_len: state.max_model_len,
             sampling_defaults: (&state.sampling_defaults).into(),
+            weight_version: state.rl.weight_version(),
         }],
     })
 }

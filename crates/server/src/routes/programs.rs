@@ -35,22 +35,8 @@ pub async fn release(
 ) -> Result<Json<Value>, ApiError> {
     let req: ReleaseRequest = parse_json(&body)?;
     let key = Caller::current().program_key(&req.program_id);
-    if state.engine.release(&key) {
-        // Its tool resources follow through the engine's end event.
+    if end(&state, &key) {
         tracing::info!(program = %req.program_id, "program released by client");
-        Ok(Json(
-            json!({"released": true, "program_id": req.program_id}),
-        ))
-    } else if state
-        .tools
-        .registry
-        .program(&key)
-        .is_some_and(|p| p.ended.is_none())
-    {
-        // Resources declared for a program that never ran (or whose engine
-        // side already ended): the release ends them directly.
-        let n = state.tools.program_ended(&key, "released");
-        tracing::info!(program = %req.program_id, reclaiming = n, "program known only to the tool registry released");
         Ok(Json(
             json!({"released": true, "program_id": req.program_id}),
         ))
@@ -60,4 +46,26 @@ pub async fn release(
         state.released.remember(&key);
         Err(ApiError::ProgramNotFound(req.program_id))
     }
+}
+
+/// Ends the program under `key` (the caller's tenant key): in the engine
+/// (its tool resources follow through the engine's end event), or, when
+/// the engine does not know it, in the tool registry (resources declared
+/// for a program that never ran, or whose engine side already ended).
+/// False when neither has it live. Shared by `/programs/release` and
+/// vLLM's `/finish_session`.
+pub(crate) fn end(state: &SharedState, key: &str) -> bool {
+    if state.engine.release(key) {
+        return true;
+    }
+    let live = state
+        .tools
+        .registry
+        .program(key)
+        .is_some_and(|p| p.ended.is_none());
+    if live {
+        let n = state.tools.program_ended(key, "released");
+        tracing::info!(program = %key, reclaiming = n, "program known only to the tool registry released");
+    }
+    live
 }

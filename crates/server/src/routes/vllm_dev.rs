@@ -50,10 +50,11 @@ pub fn router() -> Router<SharedState> {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/get_world_size", get(get_world_size))
         .route("/weight_info", get(weight_info))
+        .merge(super::vllm_weights::router())
 }
 
 /// A query string's pairs, percent-decoded (`+` is a space).
-fn query_pairs(q: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
+pub(crate) fn query_pairs(q: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
     let decode = |s: &str| -> Result<String, ApiError> {
         let bytes = s.as_bytes();
         let mut out = Vec::with_capacity(bytes.len());
@@ -90,7 +91,7 @@ fn query_pairs(q: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
 }
 
 /// The last value of `key`, if given.
-fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub(crate) fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
     pairs
         .iter()
         .rev()

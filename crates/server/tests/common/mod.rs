@@ -34,6 +34,27 @@ pub fn model_dir() -> &'static Path {
     })
 }
 
+/// A checkpoint of the tiny model's card with `layers` layers and `seed`,
+/// written once per target dir (a weight update's second checkpoint).
+pub fn checkpoint(name: &str, layers: usize, seed: u64) -> PathBuf {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    if !out.join(".complete").is_file() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let card = ModelCard::from_file(&root.join("models/qwen3-tiny.json")).expect("card");
+        let mut cfg = card.config.clone();
+        cfg.num_hidden_layers = layers;
+        write_random_model(&cfg, &out, seed, card.tokenizer_dir.as_deref())
+            .expect("write the checkpoint");
+        std::fs::write(out.join(".complete"), b"").expect("marker");
+    }
+    out
+}
+
+/// A second checkpoint of the tiny model's shape (seed 1).
+pub fn second_checkpoint() -> PathBuf {
+    checkpoint("server-tiny-qwen3-seed1", 2, 1)
+}
+
 /// The engine configuration of the test servers.
 pub fn test_config() -> EngineConfig {
     EngineConfig {

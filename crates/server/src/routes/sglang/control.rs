@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentd_engine::{ControlError, GenerateRequest, PauseMode};
+use agentd_engine::{ControlError, GenerateRequest, PauseMode, SwapReport};
 use agentd_models::{Model, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -262,29 +262,10 @@ pub async fn update_weights_from_disk(
     if req.abort_all_requests {
         state.engine.abort_all();
     }
-    let (path, dtype) = (req.model_path.clone(), state.weights_dtype);
-    let t = std::time::Instant::now();
-    let loaded = blocking(move || Model::load_as(std::path::Path::new(&path), dtype)).await?;
-    let model = match loaded {
-        Ok(m) => Arc::new(m),
-        Err(e) => {
-            return Ok(fail(format!(
-                "Failed to load the weights from {}: {e}. The old weights are still serving.",
-                req.model_path
-            )))
-        }
-    };
-    let load_s = t.elapsed().as_secs_f64();
-    let engine = state.engine.clone();
-    let report = match blocking(move || engine.swap_weights(model)).await? {
+    let report = match load_and_swap(&state, &req.model_path).await? {
         Ok(r) => r,
-        Err(e @ (ControlError::Incompatible(_) | ControlError::PausedInPlace { .. })) => {
-            return Ok(fail(format!("{e}. The old weights are still serving.")))
-        }
-        Err(e) => return Ok(fail(e.to_string())),
+        Err(message) => return Ok(fail(message)),
     };
-    tracing::info!(path = %req.model_path, load_s, swap_s = t.elapsed().as_secs_f64() - load_s, "weights updated from disk");
-    state.rl.set_model_path(req.model_path.clone());
     let mut message = "Succeeded to update model weights.".to_string();
     if let Some(v) = req.weight_version {
         message.push_str(&format!(" Weight version updated to {v}."));
@@ -296,4 +277,46 @@ pub async fn update_weights_from_disk(
         "num_paused_requests": report.num_paused_requests,
     }))
     .into_response())
+}
+
+/// Loads the checkpoint in the directory `path` on the blocking pool,
+/// outside the engine lock, and swaps it in: the engine does so between
+/// steps once what was submitted before has finished (or at once when
+/// paused) and flushes the cache, so no sequence and no cached block mixes
+/// two versions. The one weight update of SGLang's and vLLM's routes.
+/// `Ok(Err(message))` is a refusal (a bad path, another architecture, a
+/// tensor of the wrong shape, requests paused in place): the old weights
+/// still serve.
+pub(crate) async fn load_and_swap(
+    state: &SharedState,
+    path: &str,
+) -> Result<Result<SwapReport, String>, ApiError> {
+    let (dir, dtype) = (path.to_string(), state.weights_dtype);
+    let t = std::time::Instant::now();
+    let loaded = blocking(move || Model::load_as(std::path::Path::new(&dir), dtype)).await?;
+    let model = match loaded {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            return Ok(Err(format!(
+                "Failed to load the weights from {path}: {e}. The old weights are still serving."
+            )))
+        }
+    };
+    let load_s = t.elapsed().as_secs_f64();
+    let engine = state.engine.clone();
+    let report = match blocking(move || engine.swap_weights(model)).await? {
+        Ok(r) => r,
+        Err(e @ (ControlError::Incompatible(_) | ControlError::PausedInPlace { .. })) => {
+            return Ok(Err(format!("{e}. The old weights are still serving.")))
+        }
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    tracing::info!(
+        path,
+        load_s,
+        swap_s = t.elapsed().as_secs_f64() - load_s,
+        "weights updated from disk"
+    );
+    state.rl.set_model_path(path.to_string());
+    Ok(Ok(report))
 }

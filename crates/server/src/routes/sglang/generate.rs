@@ -24,6 +24,7 @@ use crate::generation::{Generation, Step};
 use crate::protocol::{CommonParams, TokenLogprob, UsageInfo};
 use crate::rl::RidGuard;
 use crate::sampling::Sampling;
+use crate::stop::Matched;
 use crate::{controls, program_id, sampling, sse};
 
 /// One prompt of the request, ready to submit.
@@ -353,29 +354,19 @@ impl Output {
     /// What stopped the output: the stop token (EOS or a `stop_token_ids`
     /// id) it ended with, else the stop string found where the text ends.
     fn matched(&self, shape: &Shape, item: &Item) -> Value {
-        let params = &item.sampling.params;
         let eos = &shape.state.engine.model_config().eos_token_ids;
-        if let Some(&last) = self.ids.last() {
-            let is_eos = !params.ignore_eos && eos.contains(&last);
-            if is_eos || params.stop_token_ids.contains(&last) {
-                return json!(last);
-            }
+        let full = || {
+            shape
+                .state
+                .tokenizer
+                .decode(&self.ids, item.skip_special)
+                .unwrap_or_default()
+        };
+        match crate::stop::matched(&self.ids, &self.text, &item.sampling, eos, full) {
+            Matched::Eos(t) | Matched::Token(t) => json!(t),
+            Matched::Text(s) => json!(s),
+            Matched::Nothing => Value::Null,
         }
-        let stops = &item.sampling.stop;
-        if let Some(s) = stops.iter().find(|s| self.text.ends_with(s.as_str())) {
-            return json!(s);
-        }
-        let full = shape
-            .state
-            .tokenizer
-            .decode(&self.ids, item.skip_special)
-            .unwrap_or_default();
-        let rest = full.get(self.text.len()..).unwrap_or("");
-        stops
-            .iter()
-            .filter_map(|s| rest.find(s.as_str()).map(|at| (at, s)))
-            .min()
-            .map_or(Value::Null, |(_, s)| json!(s))
     }
 }
 
