@@ -6,8 +6,9 @@
 //! resources, `weight_version` on `/v1/models`, and in dev mode vLLM's
 //! disk-backend weight update (`/start_weight_update`, `/update_weights`,
 //! `/finish_weight_update`) to a second checkpoint: the output is then that
-//! checkpoint's and no block of the old weights is hit. Bad inputs on each
-//! route are clear 4xx JSON and lose nothing.
+//! checkpoint's and no block of the old weights is hit; dev mode's
+//! `/abort_requests` ends a token-in request by its `request_id`. Bad
+//! inputs on each route are clear 4xx JSON and lose nothing.
 
 mod common;
 
@@ -500,4 +501,37 @@ fn weight_routes_need_dev_mode_and_models_show_the_version() {
         get(addr, "/v1/models").json()["data"][0]["weight_version"],
         "v9"
     );
+}
+
+#[test]
+fn abort_requests_reaches_a_token_in_request_by_its_request_id() {
+    let addr = dev_server();
+    let mut body = greedy_body(&long_ids(addr), 1500);
+    body["request_id"] = json!("traj-9-turn-1");
+    let t = std::thread::spawn(move || tokens_generate(addr, &[], &body));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(addr, "/server_info").json()["internal_states"][0]["num_requests"] != 1 {
+        assert!(Instant::now() < deadline, "the request never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = post(
+        addr,
+        "/abort_requests",
+        &json!({"request_ids": ["traj-9-turn-1"]}),
+    );
+    assert_eq!(
+        r.json(),
+        json!({"status": "aborted", "aborted": 1}),
+        "{}",
+        r.body
+    );
+    let r = t.join().expect("generate");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["request_id"], "generate-tokens-traj-9-turn-1");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "abort", "{v}");
+    let got = id_list(&choice["token_ids"]).len();
+    assert!(got < 1500, "aborted mid-way: {got} tokens");
+    assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(got as u64));
 }

@@ -168,8 +168,9 @@ struct AbortRequestsReq {
 
 /// `POST /abort_requests {request_ids?}`: `{"status": "aborted",
 /// "aborted": n}` without pausing; no ids aborts everything in the engine.
-/// Ids are the `rid`s of `/generate` requests in flight (unknown ones are
-/// counted, as vLLM counts the ids it was given).
+/// Ids are the `rid`s of `/generate` requests and the `request_id`s of
+/// `/inference/v1/generate` requests in flight (unknown ones are counted,
+/// as vLLM counts the ids it was given).
 async fn abort_requests(
     State(state): State<SharedState>,
     body: Bytes,

@@ -34,6 +34,7 @@ use crate::choices::{self, Choice, ChoiceStep};
 use crate::error::ApiError;
 use crate::generation::{Generation, Step};
 use crate::protocol::{unix_now, TokenLogprob, UsageInfo};
+use crate::rl::RidGuard;
 use crate::sampling::Sampling;
 use crate::stop::Matched;
 use crate::tenant::Caller;
@@ -97,11 +98,37 @@ pub async fn generate(
     let rid = std::slice::from_ref(&request_id);
     let choices =
         choices::submit_offloaded(&state, rid, &program, submit, n, logprobs.is_some()).await?;
+    let guard = register(&state, &base, &choices);
     if stream {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        return Ok(stream_response(shape, choices, include_usage));
+        return Ok(stream_response(shape, choices, include_usage, guard));
     }
-    whole(&shape, choices, n).await
+    let out = whole(&shape, choices, n).await;
+    drop(guard);
+    out
+}
+
+/// Registers the request's engine requests under the id the client knows
+/// (the body's `request_id` or `X-Request-Id`), so that dev mode's
+/// `/abort_requests {request_ids}` reaches them as it reaches vLLM's. An
+/// id already in flight stays with its first request: vLLM does not refuse
+/// a reused id, so neither does this route (that request is then only
+/// aborted with everything else).
+fn register(state: &SharedState, id: &str, choices: &[Choice]) -> Option<RidGuard> {
+    let handles = choices
+        .iter()
+        .filter_map(|c| c.gen.abort_handle())
+        .collect();
+    match state.rl.register(id, handles) {
+        Ok(g) => Some(g),
+        Err(_) => {
+            tracing::debug!(
+                request_id = id,
+                "request id already in flight: not registered for abort"
+            );
+            None
+        }
+    }
 }
 
 /// The whole response once every choice finished.
@@ -111,7 +138,7 @@ async fn whole(shape: &Shape, choices: Vec<Choice>, n: usize) -> Result<Response
     let usage = choices::merge_usage(
         &done
             .iter()
-            .map(|(_, first, d)| (*first, d.usage))
+            .map(|(_, first, d)| (*first, generated(d.usage, d.token_ids.len())))
             .collect::<Vec<_>>(),
     );
     done.sort_by_key(|(index, _, _)| *index);
@@ -140,6 +167,17 @@ async fn whole(shape: &Shape, choices: Vec<Choice>, n: usize) -> Result<Response
         "ec_transfer_params": Value::Null,
     }))
     .into_response())
+}
+
+/// `usage` with vLLM's completion count: the ids the response returns
+/// (`len(output.token_ids)`), whatever the engine counted for an aborted
+/// request.
+fn generated(usage: UsageInfo, returned: usize) -> UsageInfo {
+    UsageInfo::new(
+        usage.prompt_tokens,
+        returned,
+        usage.prompt_tokens_details.cached_tokens,
+    )
 }
 
 /// One `GenerateResponseChoice` (or a stream chunk's choice: the same
@@ -204,7 +242,12 @@ fn stop_reason(shape: &Shape, ids: &[u32], text: &str, reason: &str) -> Value {
 /// vLLM's stream: an event per step that produced ids (`usage` null), the
 /// finish reason on the last, then the usage event when asked for, then
 /// `[DONE]`.
-fn stream_response(shape: Arc<Shape>, choices: Vec<Choice>, include_usage: bool) -> Response {
+fn stream_response(
+    shape: Arc<Shape>,
+    choices: Vec<Choice>,
+    include_usage: bool,
+    guard: Option<RidGuard>,
+) -> Response {
     let streams = choices
         .into_iter()
         .map(|c| choice_stream(shape.clone(), c))
@@ -213,7 +256,12 @@ fn stream_response(shape: Arc<Shape>, choices: Vec<Choice>, include_usage: bool)
     let usage_chunk = move |usage: UsageInfo| {
         sse::event(&json!({"request_id": usage_shape.request_id, "choices": [], "usage": usage}))
     };
-    sse::response(choices::merge(streams, usage_chunk, include_usage))
+    let events = choices::merge(streams, usage_chunk, include_usage).map(move |b| {
+        // The id stays registered until the stream ends.
+        let _ = &guard;
+        b
+    });
+    sse::response(events)
 }
 
 /// One choice's stream state: the ids and text so far (for the stop
@@ -261,7 +309,7 @@ fn choice_stream(shape: Arc<Shape>, c: Choice) -> BoxStream<'static, ChoiceStep>
                     let last = chunk(&piece.token_ids, &piece.logprobs, Some(reason), stop);
                     let step = ChoiceStep::Finished {
                         chunks: vec![last],
-                        usage,
+                        usage: generated(usage, s.ids.len()),
                         first_of_prompt: first,
                     };
                     Some((step, None))
