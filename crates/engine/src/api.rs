@@ -119,6 +119,10 @@ pub struct ProgramStatus {
     pub phase: &'static str,
     /// "active", "paused" or "terminated".
     pub state: &'static str,
+    /// Where it is in its life, from the scheduler's program record
+    /// (`agentd_scheduler::Lifecycle`): "idle", "queued", "running",
+    /// "acting", "paused" or "released".
+    pub lifecycle: &'static str,
     pub replica: Option<usize>,
     pub context_tokens: usize,
     pub blocks_held: usize,

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use agentd_kv::ProgramId;
-use agentd_scheduler::{Phase, Policy, State};
+use agentd_scheduler::{Lifecycle, Phase, Policy, State};
 use tracing::debug;
 
 use crate::core::{Core, Prog, Req};
@@ -163,6 +163,10 @@ impl Core {
                         Some(State::Terminated) => "terminated",
                         _ => "paused",
                     },
+                    lifecycle: info
+                        .as_ref()
+                        .map_or(Lifecycle::Idle, |i| i.lifecycle)
+                        .as_str(),
                     replica: home,
                     context_tokens: prog.current.as_ref().map_or_else(
                         || info.as_ref().map_or(0, |i| i.context_tokens),

@@ -148,6 +148,8 @@ fn a_programs_next_turn_reuses_its_kv() {
     assert_eq!(progs[0].id, "agent");
     assert_eq!(progs[0].steps, 2);
     assert_eq!(progs[0].phase, "acting");
+    // Resident between turns, its tool running.
+    assert_eq!(progs[0].lifecycle, "acting");
 }
 
 /// Also with a host KV tier: the paused programs restore by copying their

@@ -39,7 +39,7 @@ pub use agentd_kv::ProgramId;
 pub use config::{Placement, PolicyKind, SchedulerConfig};
 pub use groups::{GroupId, GroupJoin};
 pub use memory::{Memory, Replicas};
-pub use program::{Phase, ProgramInfo, State};
+pub use program::{Lifecycle, Phase, ProgramInfo, ProgramTable, State};
 pub use program_policy::ProgramScheduler;
 pub use queue::WaitingQueue;
 pub use replica_set::{
@@ -120,7 +120,8 @@ pub trait Policy: Send {
     fn on_tool(&mut self, _p: ProgramId, _tool: ToolId, _now: f64) {}
     /// The program ended (release, final request, lease). The engine releases its KV.
     fn on_terminate(&mut self, p: ProgramId);
-    /// Programs whose inactivity lease ran out; they are terminated already.
+    /// Programs whose inactivity lease ran out, in id order; the caller
+    /// terminates each ([`Policy::on_terminate`]).
     fn expire(&mut self, now: f64) -> Vec<ProgramId>;
     /// The decision at a step boundary of replica `replica`.
     fn schedule(&mut self, replica: usize, now: f64, mem: &dyn Memory) -> Decision;
@@ -139,8 +140,14 @@ pub trait Policy: Send {
     fn stats(&self) -> PolicyStats;
     /// Number of requests waiting to be admitted.
     fn num_waiting(&self) -> usize;
+    /// The program table the policy keeps its records in (`program.rs`).
+    fn programs(&self) -> &ProgramTable;
+    /// The same, to change: the core keeps its fields of each record there.
+    fn programs_mut(&mut self) -> &mut ProgramTable;
     /// A snapshot of one program, if the policy tracks it.
-    fn program(&self, p: ProgramId) -> Option<ProgramInfo>;
+    fn program(&self, p: ProgramId) -> Option<ProgramInfo> {
+        self.programs().info(p)
+    }
 }
 
 /// A boxed policy is a policy (the engine and the simulator pick one at run
@@ -185,8 +192,11 @@ impl<T: Policy + ?Sized> Policy for Box<T> {
     fn num_waiting(&self) -> usize {
         (**self).num_waiting()
     }
-    fn program(&self, p: ProgramId) -> Option<ProgramInfo> {
-        (**self).program(p)
+    fn programs(&self) -> &ProgramTable {
+        (**self).programs()
+    }
+    fn programs_mut(&mut self) -> &mut ProgramTable {
+        (**self).programs_mut()
     }
 }
 

@@ -1,3 +1,11 @@
+//! The program table: one record per program, the one place its scheduling
+//! state lives (docs/design.md §2). The policy keeps the table
+//! ([`crate::Policy::programs`]); the core ([`crate::ReplicaSet`]) reads it
+//! and keeps the fields it owns there (the replica holding the program's KV,
+//! the longest context ever computed), so no second map per program exists.
+
+use std::collections::HashMap;
+
 use crate::{GroupId, ProgramId, ToolId};
 
 /// What a program is doing (docs/design.md §2).
@@ -20,6 +28,47 @@ pub enum State {
     Terminated,
 }
 
+/// Where a program is in its life, read off its record
+/// ([`ProgramInfo::lifecycle`]).
+///
+/// ```text
+/// Idle ─▶ Queued ─▶ Running ─▶ Acting ─▶ Running ─▶ … ─▶ Released
+///           ▲          │          │
+///           └──────────┴────┐     ▼
+///                        Paused (acting, KV references dropped)
+/// ```
+/// A running program paused for room goes back to `Queued` with its
+/// request; an acting one paused becomes `Paused` and is `Queued` again when
+/// its next request arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lifecycle {
+    /// Known (it joined a group) but no request has arrived yet.
+    Idle,
+    /// A request waits for the program's admission or restore.
+    Queued,
+    /// Resident, a request running.
+    Running,
+    /// Resident, its tool running (no request in flight).
+    Acting,
+    /// Not resident (its KV references dropped), no request waiting.
+    Paused,
+    /// Ended; its KV is released.
+    Released,
+}
+
+impl Lifecycle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Idle => "idle",
+            Lifecycle::Queued => "queued",
+            Lifecycle::Running => "running",
+            Lifecycle::Acting => "acting",
+            Lifecycle::Paused => "paused",
+            Lifecycle::Released => "released",
+        }
+    }
+}
+
 /// A snapshot of one program for introspection (`GET /programs`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProgramInfo {
@@ -32,6 +81,10 @@ pub struct ProgramInfo {
     /// Requests completed.
     pub steps: u64,
     pub waiting: bool,
+    /// Requests submitted and not finished.
+    pub in_flight: u32,
+    /// Where it is in its life (derived from the fields above).
+    pub lifecycle: Lifecycle,
     /// Its rollout group, if any.
     pub group: Option<GroupId>,
     /// The tool it said it runs (acting), if any.
@@ -43,8 +96,18 @@ pub struct ProgramInfo {
 pub(crate) struct Program {
     pub phase: Phase,
     pub state: State,
+    /// Where the policy placed it: current replica when active, last one
+    /// when paused (the request policy routes before admitting, so this may
+    /// lead `home`).
     pub replica: Option<usize>,
+    /// The replica holding its KV, resident or paused (the core's: set when
+    /// a request starts there, cleared when the program ends).
+    pub home: Option<usize>,
+    /// Longest prefix of its context ever computed (the core's: what a
+    /// restore that misses the cache recomputes).
+    pub ever_computed: usize,
     pub context_tokens: usize,
+    /// Requests submitted and not finished: the one count of them.
     pub in_flight: u32,
     pub acting_since: f64,
     /// When its current turn's first request arrived (turn times).
@@ -74,6 +137,8 @@ impl Program {
             phase: Phase::Reasoning,
             state: State::Paused,
             replica: None,
+            home: None,
+            ever_computed: 0,
             context_tokens,
             in_flight: 0,
             acting_since: now,
@@ -99,6 +164,17 @@ impl Program {
         }
     }
 
+    pub fn lifecycle(&self) -> Lifecycle {
+        match (self.state, self.phase) {
+            (State::Terminated, _) => Lifecycle::Released,
+            _ if self.waiting => Lifecycle::Queued,
+            (State::Active, Phase::Reasoning) => Lifecycle::Running,
+            (State::Active, Phase::Acting) => Lifecycle::Acting,
+            (State::Paused, _) if !self.admitted_once && self.in_flight == 0 => Lifecycle::Idle,
+            (State::Paused, _) => Lifecycle::Paused,
+        }
+    }
+
     pub fn info(&self, id: ProgramId) -> ProgramInfo {
         ProgramInfo {
             id,
@@ -108,8 +184,65 @@ impl Program {
             context_tokens: self.context_tokens,
             steps: self.steps,
             waiting: self.waiting,
+            in_flight: self.in_flight,
+            lifecycle: self.lifecycle(),
             group: self.group,
             tool: self.tool,
         }
+    }
+}
+
+/// Every program's record, by id.
+#[derive(Debug, Clone, Default)]
+pub struct ProgramTable {
+    records: HashMap<ProgramId, Program>,
+}
+
+impl ProgramTable {
+    /// A snapshot of `p`'s record.
+    pub fn info(&self, p: ProgramId) -> Option<ProgramInfo> {
+        self.records.get(&p).map(|q| q.info(p))
+    }
+    /// Requests of `p` submitted and not finished.
+    pub fn in_flight(&self, p: ProgramId) -> u32 {
+        self.records.get(&p).map_or(0, |q| q.in_flight)
+    }
+    /// The replica holding `p`'s KV (resident or paused).
+    pub fn home(&self, p: ProgramId) -> Option<usize> {
+        self.records.get(&p).and_then(|q| q.home)
+    }
+    /// Programs with a record.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+    /// Every program with its requests in flight (in no particular order).
+    pub fn in_flight_all(&self) -> impl Iterator<Item = (ProgramId, u32)> + '_ {
+        self.records.iter().map(|(&p, q)| (p, q.in_flight))
+    }
+    pub(crate) fn get(&self, p: &ProgramId) -> Option<&Program> {
+        self.records.get(p)
+    }
+    pub(crate) fn get_mut(&mut self, p: &ProgramId) -> Option<&mut Program> {
+        self.records.get_mut(p)
+    }
+    /// `p`'s record, made by `new` when it has none.
+    pub(crate) fn get_or_insert(
+        &mut self,
+        p: ProgramId,
+        new: impl FnOnce() -> Program,
+    ) -> &mut Program {
+        self.records.entry(p).or_insert_with(new)
+    }
+    pub(crate) fn remove(&mut self, p: &ProgramId) -> Option<Program> {
+        self.records.remove(p)
+    }
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&ProgramId, &Program)> {
+        self.records.iter()
+    }
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Program> {
+        self.records.values()
     }
 }

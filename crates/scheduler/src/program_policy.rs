@@ -22,24 +22,23 @@
 //!   survive there (`admit.rs`). λmin < λmax is the hysteresis that stops a
 //!   program from being restored only to be paused again a step later.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use tracing::debug;
 
 use crate::groups::{GroupJoin, GroupTable};
-use crate::program::Program;
+use crate::program::{Program, ProgramTable};
 use crate::queue::{QueueClass, WaitingQueue};
 use crate::tools::{ToolId, ToolStats, ToolTable};
 use crate::{
-    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, ProgramInfo, Route, SchedulerConfig,
-    State,
+    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, Route, SchedulerConfig, State,
 };
 
 /// Program-level policy state: the program table, per-replica active sets and
 /// the global waiting queue.
 pub struct ProgramScheduler {
     pub(crate) cfg: SchedulerConfig,
-    pub(crate) programs: HashMap<ProgramId, Program>,
+    pub(crate) programs: ProgramTable,
     /// Active programs per replica (ordered: deterministic iteration).
     pub(crate) active: Vec<BTreeSet<ProgramId>>,
     pub(crate) queue: WaitingQueue,
@@ -59,7 +58,7 @@ impl ProgramScheduler {
         let queue = WaitingQueue::new(cfg.aging_tokens_per_s);
         Self {
             cfg,
-            programs: HashMap::new(),
+            programs: ProgramTable::default(),
             active: vec![BTreeSet::new(); num_replicas.max(1)],
             queue,
             running: vec![0; num_replicas.max(1)],
@@ -312,8 +311,7 @@ impl ProgramScheduler {
 impl Policy for ProgramScheduler {
     fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route {
         self.programs
-            .entry(p)
-            .or_insert_with(|| Program::new(now, context_tokens));
+            .get_or_insert(p, || Program::new(now, context_tokens));
         if let Some(prog) = self.programs.get_mut(&p) {
             if prog.phase == Phase::Acting && prog.in_flight == 0 {
                 if let Some(tool) = prog.tool.take() {
@@ -372,8 +370,7 @@ impl Policy for ProgramScheduler {
     fn join_group(&mut self, p: ProgramId, join: GroupJoin, now: f64) {
         let prog = self
             .programs
-            .entry(p)
-            .or_insert_with(|| Program::new(now, join.shared_tokens));
+            .get_or_insert(p, || Program::new(now, join.shared_tokens));
         if let Some(old) = prog.group.filter(|g| *g != join.group) {
             self.groups.leave(p, old);
         }
@@ -402,10 +399,6 @@ impl Policy for ProgramScheduler {
             .map(|(p, _)| *p)
             .collect();
         gone.sort();
-        for p in &gone {
-            debug!(program = %p, "lease expired");
-            self.terminate(*p);
-        }
         gone
     }
 
@@ -448,7 +441,11 @@ impl Policy for ProgramScheduler {
         self.queue.len()
     }
 
-    fn program(&self, p: ProgramId) -> Option<ProgramInfo> {
-        self.programs.get(&p).map(|q| q.info(p))
+    fn programs(&self) -> &ProgramTable {
+        &self.programs
+    }
+
+    fn programs_mut(&mut self) -> &mut ProgramTable {
+        &mut self.programs
     }
 }

@@ -4,8 +4,9 @@
 //! behaviour and a scheduling change is made once.
 //!
 //! It owns, per replica, the [`KvCache`] and the list of programs whose
-//! request runs there; per program, its home replica and its requests in
-//! flight; and the policy. Callers own the token contexts (the engine's
+//! request runs there; and the policy, which keeps the program table
+//! (`program.rs`) where the core records, per program, its home replica and
+//! the longest context it ever computed. Callers own the token contexts (the engine's
 //! requests, the simulator's synthetic programs) and lend them through
 //! [`Contexts`]. Nothing here reads a clock: `now` is passed in.
 //!
@@ -22,7 +23,9 @@ use std::collections::{HashMap, HashSet};
 use agentd_kv::{BlockCopy, BlockHash, KvCache, KvError, KvEvent, PrefixMatch, ProgramId};
 use tracing::debug;
 
-use crate::{Decision, GroupId, GroupJoin, Policy, Replicas, Route, StepError, ToolId};
+use crate::{
+    Decision, GroupId, GroupJoin, Policy, ProgramTable, Replicas, Route, StepError, ToolId,
+};
 
 /// How often (seconds of `now`) leases are checked: `Policy::expire` walks
 /// every program, so not at every step of every replica; a quarter second is
@@ -120,12 +123,6 @@ pub struct ReplicaSet<P: Policy = Box<dyn Policy>> {
     pub policy: P,
     /// Programs with a request running on each replica, in start order.
     running: Vec<Vec<ProgramId>>,
-    /// The replica holding each program's KV (kept while it is paused).
-    home: HashMap<ProgramId, usize>,
-    /// Requests submitted and not finished, per program.
-    pending: HashMap<ProgramId, u32>,
-    /// Longest prefix of each program's context ever computed.
-    ever_computed: HashMap<ProgramId, usize>,
     /// Each group's first member alive: the others' shared prompt is
     /// measured against its context.
     group_first: HashMap<GroupId, ProgramId>,
@@ -157,9 +154,6 @@ impl<P: Policy> ReplicaSet<P> {
                 .collect(),
             policy,
             running: vec![Vec::new(); n],
-            home: HashMap::new(),
-            pending: HashMap::new(),
-            ever_computed: HashMap::new(),
             group_first: HashMap::new(),
             next_lease_check: 0.0,
             check_invariants,
@@ -229,21 +223,23 @@ impl<P: Policy> ReplicaSet<P> {
         self.running.iter().map(Vec::len).sum()
     }
     pub fn is_running(&self, p: ProgramId) -> bool {
-        self.home
-            .get(&p)
-            .is_some_and(|&r| self.running[r].contains(&p))
+        self.home(p).is_some_and(|r| self.running[r].contains(&p))
+    }
+    /// The program table (the policy keeps it; `program.rs`).
+    pub fn programs(&self) -> &ProgramTable {
+        self.policy.programs()
     }
     /// The replica holding `p`'s KV (resident or paused).
     pub fn home(&self, p: ProgramId) -> Option<usize> {
-        self.home.get(&p).copied()
+        self.programs().home(p)
     }
     /// Requests of `p` submitted and not finished.
     pub fn pending(&self, p: ProgramId) -> u32 {
-        self.pending.get(&p).copied().unwrap_or(0)
+        self.programs().in_flight(p)
     }
     /// Every program with its requests in flight (in no particular order).
     pub fn pending_programs(&self) -> impl Iterator<Item = (ProgramId, u32)> + '_ {
-        self.pending.iter().map(|(&p, &n)| (p, n))
+        self.programs().in_flight_all()
     }
     pub fn blocks_held(&self, p: ProgramId) -> usize {
         self.home(p).map_or(0, |h| self.kv[h].blocks_held(p))
@@ -256,7 +252,6 @@ impl<P: Policy> ReplicaSet<P> {
     /// when the policy routes it to a replica where `p` is active.
     pub fn on_request(&mut self, p: ProgramId, now: f64, ctx: &impl Contexts) -> Option<Started> {
         let len = ctx.context(p)?.len();
-        *self.pending.entry(p).or_default() += 1;
         if let Some((group, size)) = ctx.group(p) {
             let first = *self.group_first.entry(group).or_insert(p);
             let shared_tokens = match (ctx.context(p), ctx.context(first)) {
@@ -283,7 +278,12 @@ impl<P: Policy> ReplicaSet<P> {
     /// the prefix cache) and adds it to `r`'s running set. Slots are
     /// allocated later, by [`ReplicaSet::plan_batch`].
     fn start_on(&mut self, p: ProgramId, r: usize, ctx: &impl Contexts) -> Option<Started> {
-        if let Some(h) = self.home.insert(p, r) {
+        let Some(prog) = self.policy.programs_mut().get_mut(&p) else {
+            debug_assert!(false, "{p} started without a record");
+            return None;
+        };
+        let ever = prog.ever_computed;
+        if let Some(h) = prog.home.replace(r) {
             if h != r {
                 self.kv[h].release(p);
             }
@@ -296,7 +296,6 @@ impl<P: Policy> ReplicaSet<P> {
         };
         // Computed before (this request or an earlier turn) and lost since;
         // capped by this context, whose last token is always computed.
-        let ever = self.ever_computed.get(&p).copied().unwrap_or(0);
         let recomputed = ever
             .min(tokens.len().saturating_sub(1))
             .saturating_sub(matched.cached_tokens);
@@ -356,7 +355,7 @@ impl<P: Policy> ReplicaSet<P> {
         let gone = self.policy.expire(now);
         for &p in &gone {
             debug!(program = %p, "lease expired");
-            self.forget(p);
+            self.terminate(p);
         }
         gone
     }
@@ -478,7 +477,7 @@ impl<P: Policy> ReplicaSet<P> {
         let mut paused = Vec::new();
         // Each call pauses a distinct program of the policy's; the bound
         // only guards against a policy that would not.
-        let bound = self.home.len() + 1;
+        let bound = self.programs().len() + 1;
         while let Some(&protect) = self.running[r].first() {
             if paused.len() > bound {
                 break;
@@ -517,8 +516,9 @@ impl<P: Policy> ReplicaSet<P> {
     pub fn commit(&mut self, r: usize, p: ProgramId, tokens: &[u32]) -> Result<usize, KvError> {
         self.kv[r].commit(p, tokens)?;
         let computed = self.kv[r].num_computed(p);
-        let ever = self.ever_computed.entry(p).or_default();
-        *ever = (*ever).max(computed);
+        if let Some(prog) = self.policy.programs_mut().get_mut(&p) {
+            prog.ever_computed = prog.ever_computed.max(computed);
+        }
         Ok(computed)
     }
 
@@ -526,17 +526,13 @@ impl<P: Policy> ReplicaSet<P> {
     /// program stops running once no request of it is left; a request-level
     /// policy drops its KV references then (returns true when it did).
     pub fn finish_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
-        let left = self.pending.get_mut(&p).map_or(0, |n| {
-            *n = n.saturating_sub(1);
-            *n
-        });
         let home = self.home(p);
-        if left == 0 {
+        let drop_kv = self.policy.on_request_finished(p, now, context_tokens);
+        if self.pending(p) == 0 {
             if let Some(h) = home {
                 self.running[h].retain(|q| *q != p);
             }
         }
-        let drop_kv = self.policy.on_request_finished(p, now, context_tokens);
         if drop_kv {
             if let Some(h) = home {
                 self.kv[h].pause(p);
@@ -550,21 +546,15 @@ impl<P: Policy> ReplicaSet<P> {
         self.policy.on_tool(p, tool, now);
     }
 
-    /// The program ended (release, final request, lease): the policy forgets
-    /// it and its KV is released.
+    /// The program ended (release, final request, lease): its KV is
+    /// released and the policy forgets it (its record goes with it).
     pub fn terminate(&mut self, p: ProgramId) {
-        self.policy.on_terminate(p);
-        self.forget(p);
-    }
-
-    fn forget(&mut self, p: ProgramId) {
-        if let Some(h) = self.home.remove(&p) {
+        if let Some(h) = self.home(p) {
             self.running[h].retain(|q| *q != p);
             self.kv[h].release(p);
         }
-        self.pending.remove(&p);
-        self.ever_computed.remove(&p);
         self.group_first.retain(|_, first| *first != p);
+        self.policy.on_terminate(p);
     }
 
     /// Checks replica `r`'s KV invariants (`agentd_kv` docs) when enabled.

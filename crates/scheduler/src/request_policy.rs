@@ -11,19 +11,18 @@
 //!   "sticky" routing, as an affinity router in front of vLLM replicas does);
 //!   a new program goes to the replica with the fewest requests.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use tracing::debug;
 
-use crate::program::Program;
+use crate::program::{Program, ProgramTable};
 use crate::{
-    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, ProgramInfo, Route, SchedulerConfig,
-    State,
+    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, Route, SchedulerConfig, State,
 };
 
 pub struct RequestScheduler {
     cfg: SchedulerConfig,
-    programs: HashMap<ProgramId, Program>,
+    programs: ProgramTable,
     /// FCFS queue per replica.
     queues: Vec<VecDeque<ProgramId>>,
     /// Running requests per replica, in admission order (newest last).
@@ -36,7 +35,7 @@ impl RequestScheduler {
         let n = num_replicas.max(1);
         Self {
             cfg,
-            programs: HashMap::new(),
+            programs: ProgramTable::default(),
             queues: vec![VecDeque::new(); n],
             running: vec![Vec::new(); n],
             stats: PolicyStats::default(),
@@ -62,8 +61,7 @@ impl Policy for RequestScheduler {
         let r = home.unwrap_or_else(|| self.least_loaded());
         let prog = self
             .programs
-            .entry(p)
-            .or_insert_with(|| Program::new(now, context_tokens));
+            .get_or_insert(p, || Program::new(now, context_tokens));
         prog.context_tokens = context_tokens;
         prog.last_activity = now;
         prog.phase = Phase::Reasoning;
@@ -184,7 +182,11 @@ impl Policy for RequestScheduler {
         self.queues.iter().map(VecDeque::len).sum()
     }
 
-    fn program(&self, p: ProgramId) -> Option<ProgramInfo> {
-        self.programs.get(&p).map(|q| q.info(p))
+    fn programs(&self) -> &ProgramTable {
+        &self.programs
+    }
+
+    fn programs_mut(&mut self) -> &mut ProgramTable {
+        &mut self.programs
     }
 }

@@ -10,7 +10,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use agentd_scheduler::{
-    Placement, Policy, ProgramId, ProgramScheduler, RequestScheduler, SchedulerConfig, State,
+    Lifecycle, Placement, Policy, ProgramId, ProgramScheduler, RequestScheduler, SchedulerConfig,
+    State,
 };
 use common::{config, pid, system_prompt, Engine, BS};
 use proptest::prelude::*;
@@ -213,6 +214,23 @@ fn check_program(eng: &Engine<ProgramScheduler>) -> Result<(), TestCaseError> {
     q.sort();
     prop_assert_eq!(&q, &pending_inactive);
     prop_assert_eq!(eng.policy.num_waiting(), pending_inactive.len());
+    // The lifecycle read off each record agrees with where the program is.
+    for (p, in_flight) in eng.pending_programs() {
+        let i = eng.policy.program(p).expect("every record has a snapshot");
+        let want = if q.binary_search(&p).is_ok() {
+            Lifecycle::Queued
+        } else if active_on.contains_key(&p) && in_flight > 0 {
+            Lifecycle::Running
+        } else if active_on.contains_key(&p) {
+            Lifecycle::Acting
+        } else if i.steps == 0 && in_flight == 0 {
+            i.lifecycle // Idle (a group member before its request) or Paused
+        } else {
+            Lifecycle::Paused
+        };
+        prop_assert_eq!(i.lifecycle, want, "{}", p);
+        prop_assert_eq!(i.in_flight, in_flight);
+    }
     // KV is referenced only where the scheduler says the program is active,
     // and the engine runs only active programs.
     for (r, kv) in eng.kvs().iter().enumerate() {

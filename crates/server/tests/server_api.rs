@@ -369,6 +369,7 @@ fn program_ids_from_body_extra_body_and_header_then_release() {
         .find(|p| p["id"] == "pid-body")
         .unwrap();
     assert_eq!(p["phase"], "acting");
+    assert_eq!(p["lifecycle"], "acting", "{p}");
 
     for id in ["pid-body", "pid-extra", "pid-header"] {
         let r = post(addr, "/programs/release", &json!({"program_id": id}));
