@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Drives `agentd serve` with a trainer's own HTTP client: SkyRL's
+# RemoteInferenceClient from the `skyrl` wheel on PyPI (scripts/
+# trainer_client_check.py says which calls). Two random-weight checkpoints of
+# the tiny model (`agentd make-model --seed 0|1`) are written; one server
+# (VLLM_SERVER_DEV_MODE=1) serves the first and is updated to the second
+# through vLLM's /update_weights, a second server serves the second for the
+# reference output.
+#
+# skyrl needs Python >= 3.12; the wheel is installed with --no-deps (its
+# declared dependencies include peft, hence torch, and transformers, none of
+# which the HTTP client uses) plus what the client imports. torch itself is
+# replaced by a stand-in module inside the check (see its docstring). The
+# venv lives outside the repo. Not part of CI.
+#   scripts/trainer-client-check.sh PATH/TO/agentd
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:?usage: trainer-client-check.sh PATH/TO/agentd}
+venv=${AGENTD_SKYRL_VENV:-/var/tmp/agentd-skyrl-venv}
+skyrl=${SKYRL_VERSION:-0.4.0}
+
+# A Python >= 3.12 (pyenv installs are tried by version).
+find_python() {
+  local c
+  for c in python3.13 python3.12 python3; do
+    if "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      echo "$c"; return 0
+    fi
+  done
+  for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.1[2-9]' | sort -rV); do
+    if PYENV_VERSION=$v python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      echo "env PYENV_VERSION=$v python"; return 0
+    fi
+  done
+  return 1
+}
+
+if ! "$venv/bin/python" -c "import skyrl, aiohttp, orjson" 2>/dev/null; then
+  py=$(find_python) || { echo "no Python >= 3.12 found (skyrl requires it)"; exit 1; }
+  $py -m venv "$venv" &&
+    "$venv/bin/pip" install -q --no-deps "skyrl==$skyrl" &&
+    "$venv/bin/pip" install -q aiohttp orjson numpy pybase64 rich pydantic cloudpathlib \
+      loguru fsspec xxhash zstandard ||
+    { echo "could not install skyrl==$skyrl"; exit 1; }
+fi
+echo "client: skyrl $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("skyrl"))'), torch importable: $("$venv/bin/python" -c 'import torch' 2>/dev/null && echo yes || echo no)"
+
+work=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
+for seed in 0 1; do
+  "$bin" make-model --config models/qwen3-tiny.json --out "$work/seed$seed" --seed "$seed" \
+    >/dev/null 2>&1 || { echo "make-model --seed $seed failed"; exit 1; }
+done
+
+# Starts `agentd serve DIR --port 0` (env from the caller) and sets $addr.
+serve() {
+  local log=$work/serve-$RANDOM.log
+  NO_COLOR=1 "$bin" serve "$1" --served-model-name tiny --port 0 --num-kv-blocks 512 >"$log" 2>&1 &
+  pids+=("$!")
+  addr=""
+  for _ in $(seq 240); do
+    addr=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -1 | sed 's|listening on http://||')
+    [ -n "$addr" ] && return 0
+    kill -0 "${pids[-1]}" 2>/dev/null || break
+    sleep 0.5
+  done
+  echo "agentd serve $1 did not start:"; cat "$log"; exit 1
+}
+
+VLLM_SERVER_DEV_MODE=1 serve "$work/seed0"
+main=$addr
+serve "$work/seed1"
+ref=$addr
+"$venv/bin/python" scripts/trainer_client_check.py "http://$main" "http://$ref" "$work/seed1"
