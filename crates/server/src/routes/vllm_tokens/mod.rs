@@ -14,7 +14,11 @@
 //! `_create_tokens_logprobs` writes them (tokens named `token_id:N`, the
 //! sampled token first among `top_logprobs`). A stream is vLLM's: one
 //! event per step with the new ids, a usage event with
-//! `stream_options.include_usage`, then `data: [DONE]`.
+//! `stream_options.include_usage`, then `data: [DONE]`. One difference:
+//! the engine's finish comes after the last token's event, so the finish
+//! reason usually rides on a last event of its own with no ids (vLLM puts
+//! it on the event of the last ids); holding every event back one step to
+//! merge them would delay each token by a decode step.
 
 pub mod request;
 
