@@ -13,11 +13,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 
+use super::bench_rollout::{Common, RolloutArgs};
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// NAME=URL of an OpenAI-compatible server; repeat for several (run one
     /// after another; the first is the baseline of the ratios).
-    #[arg(long = "target", required_unless_present = "dynamo_targets")]
+    #[arg(long = "target", required_unless_present_any = ["dynamo_targets", "vllm_targets"])]
     targets: Vec<Target>,
     /// NAME=URL of an NVIDIA Dynamo frontend (run after the --target ones):
     /// programs as Dynamo sessions (x-dynamo-session-id), token ids from
@@ -31,9 +33,11 @@ pub struct BenchArgs {
     /// expects) or none.
     #[arg(long, default_value = "last-turn")]
     dynamo_final: SessionFinal,
-    /// Workload preset (as in `agentd simulate`): swe or toolorch.
+    /// Workload preset (as in `agentd simulate`): swe or toolorch; or
+    /// rollout: RL iterations of program groups with weight swaps between
+    /// them (swe-shaped programs; flags under "Rollout").
     #[arg(long, default_value = "swe")]
-    workload: BenchWorkload,
+    workload: WorkloadArg,
     /// Concurrent programs, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [4usize, 8, 16, 32, 48])]
     concurrency: Vec<usize>,
@@ -111,11 +115,40 @@ pub struct BenchArgs {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+    #[command(flatten)]
+    rollout: RolloutArgs,
+}
+
+/// `--workload`: a preset of the sweep, or the rollout benchmark.
+#[derive(Debug, Clone)]
+enum WorkloadArg {
+    Preset(Box<BenchWorkload>),
+    Rollout,
+}
+
+impl std::str::FromStr for WorkloadArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rollout" => Ok(WorkloadArg::Rollout),
+            s => s
+                .parse::<BenchWorkload>()
+                .map(|w| WorkloadArg::Preset(Box::new(w)))
+                .map_err(|e| format!("{e} (or rollout)")),
+        }
+    }
 }
 
 impl BenchArgs {
     fn workload(&self) -> BenchWorkload {
-        let mut w = self.workload.clone();
+        let mut w = match &self.workload {
+            WorkloadArg::Preset(w) => (**w).clone(),
+            WorkloadArg::Rollout => {
+                let mut w = BenchWorkload::from(agentd_sim::Workload::swe());
+                w.name = "rollout".into();
+                w
+            }
+        };
         if let Some(n) = self.system_tokens {
             w.system_tokens = n;
         }
@@ -148,6 +181,24 @@ fn load_avg() -> Option<String> {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if matches!(args.workload, WorkloadArg::Rollout) {
+        return super::bench_rollout::run(
+            &args.rollout,
+            Common {
+                targets: &args.targets,
+                workload: args.workload(),
+                seed: args.seed,
+                request_timeout_s: args.request_timeout_s,
+                model: args.model.clone(),
+                json: args.json.as_ref(),
+                plot: args.plot.as_ref(),
+                markdown: args.markdown.as_ref(),
+            },
+        );
+    }
+    if args.targets.is_empty() && args.dynamo_targets.is_empty() {
+        bail!("--vllm-target is for --workload rollout; give --target or --dynamo-target");
+    }
     if args.concurrency.is_empty() || args.concurrency.contains(&0) {
         bail!("--concurrency needs levels >= 1");
     }

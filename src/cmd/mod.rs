@@ -3,6 +3,7 @@
 pub mod banner;
 pub mod bench;
 pub mod bench_model;
+pub mod bench_rollout;
 pub mod cpu;
 pub mod default_model;
 pub mod device;

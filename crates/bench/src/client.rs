@@ -107,11 +107,11 @@ pub struct StepReply {
 
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: reqwest::Client,
-    base: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
     pub model: String,
     pub stream: bool,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
     /// The target is a Dynamo frontend: session headers, `nvext` token ids,
     /// and how programs end.
     pub dynamo: Option<SessionFinal>,
@@ -145,7 +145,7 @@ impl Client {
         })
     }
 
-    fn err(&self, url: &str, e: reqwest::Error) -> ClientError {
+    pub(crate) fn err(&self, url: &str, e: reqwest::Error) -> ClientError {
         if e.is_timeout() {
             ClientError::Timeout {
                 url: url.to_string(),
@@ -249,6 +249,20 @@ impl Client {
         max_tokens: usize,
         last: bool,
     ) -> Result<StepReply, ClientError> {
+        self.step_with(program_id, prompt, max_tokens, last, &[])
+            .await
+    }
+
+    /// [`Client::step`] with `extra` body fields set last (they override
+    /// the defaults, e.g. `temperature`; the rollout adds `group_id`).
+    pub async fn step_with(
+        &self,
+        program_id: &str,
+        prompt: Prompt<'_>,
+        max_tokens: usize,
+        last: bool,
+        extra: &[(&str, Value)],
+    ) -> Result<StepReply, ClientError> {
         let tokens = matches!(prompt, Prompt::Tokens(_));
         let (path, mut body) = match prompt {
             Prompt::Tokens(ids) => ("/v1/completions", json!({ "prompt": ids })),
@@ -279,6 +293,9 @@ impl Client {
             if self.stream {
                 b.insert("stream".into(), json!(true));
                 b.insert("stream_options".into(), json!({"include_usage": true}));
+            }
+            for (k, v) in extra {
+                b.insert((*k).to_string(), v.clone());
             }
         }
         let final_header = last && self.dynamo == Some(SessionFinal::LastTurn);
@@ -475,7 +492,7 @@ fn finish(
     Ok(reply)
 }
 
-fn truncate(s: &str) -> String {
+pub(crate) fn truncate(s: &str) -> String {
     const MAX: usize = 300;
     if s.len() <= MAX {
         return s.to_string();

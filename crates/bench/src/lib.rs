@@ -15,6 +15,8 @@
 //!   not, deadlines); [`prom`]: Prometheus text parsing.
 //! - [`driver`]: one level; [`result`]: its summary row; [`report`]: the
 //!   table, markdown and SVG plot.
+//! - [`rollout`]: the RL rollout benchmark (iterations of groups, weight
+//!   swaps between them).
 
 pub mod client;
 pub mod dist;
@@ -22,6 +24,7 @@ pub mod driver;
 pub mod prom;
 pub mod report;
 pub mod result;
+pub mod rollout;
 pub mod workload;
 
 use std::time::Duration;

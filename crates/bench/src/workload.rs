@@ -113,6 +113,13 @@ impl BenchWorkload {
 
     /// Plans the program of `stream`.
     pub fn plan(&self, stream: u64) -> ProgramPlan {
+        self.plan_with_task(stream, None)
+    }
+
+    /// Plans the program of `stream` whose first turn appends `task`
+    /// instead of its own (a rollout group's members share the task); its
+    /// turn count, tool outputs, output lengths and tool times stay its own.
+    pub fn plan_with_task(&self, stream: u64, task: Option<&[u32]>) -> ProgramPlan {
         let mut rng = ChaCha8Rng::seed_from_u64(stream);
         let turns = self.turns.sample(&mut rng).max(1);
         let mut next_token = 0u64;
@@ -126,11 +133,15 @@ impl BenchWorkload {
         let mut context = self.system_tokens;
         let mut out = Vec::with_capacity(turns);
         for t in 0..turns {
-            let n = if t == 0 {
+            let mut n = if t == 0 {
                 self.task_tokens.sample(&mut rng)
             } else {
                 self.tool_tokens.sample(&mut rng)
             };
+            let shared = task.filter(|_| t == 0);
+            if let Some(task) = shared {
+                n = task.len();
+            }
             let output_tokens = self.output_tokens.sample(&mut rng).max(1);
             let tool_time_s = self.tool_time.sample(&mut rng);
             if t > 0 && context + n + output_tokens > self.max_context {
@@ -138,7 +149,7 @@ impl BenchWorkload {
             }
             context += n + output_tokens;
             out.push(TurnPlan {
-                appended: tokens(n),
+                appended: shared.map_or_else(|| tokens(n), <[u32]>::to_vec),
                 output_tokens,
                 tool_time_s,
             });
