@@ -50,7 +50,7 @@ fn populate(policy: &mut dyn Policy, kv: &mut [KvCache]) -> f64 {
                 }
                 admitted += 1;
             }
-            for p in d.pause {
+            for (p, _cause) in d.pause {
                 kv[r].pause(p);
             }
         }

@@ -198,7 +198,7 @@ impl Core {
                     Vec::new()
                 });
                 for &p in &retracted {
-                    self.note_pause(p, crate::trace::RETRACTED);
+                    self.note_pause(p, agentd_scheduler::PauseCause::Retracted);
                 }
                 tracing::info!(
                     replica = r,

@@ -3,6 +3,7 @@
 
 use crate::board::Snapshot;
 use crate::core::Core;
+use agentd_scheduler::PauseCause;
 
 /// A cumulative histogram (Prometheus semantics).
 #[derive(Debug, Clone, PartialEq)]
@@ -162,6 +163,7 @@ impl Core {
     /// ([`crate::board::Board::end`]).
     pub(crate) fn snapshot(&self) -> Snapshot {
         let stats = agentd_scheduler::Policy::stats(&self.replicas.policy);
+        let pauses = self.replicas.stats().pauses;
         let (mut queries, mut hits, mut referenced, mut total) = (0, 0, 0, 0);
         let (mut offloaded, mut onloaded, mut host_used, mut host_total) = (0, 0, 0, 0);
         for kv in self.replicas.kvs() {
@@ -196,9 +198,9 @@ impl Core {
             prefix_cache_hits: hits,
             block_size: self.cfg.block_size,
             num_gpu_blocks: self.cfg.num_blocks,
-            exhaustion_preemptions: self.replicas.stats().exhaustion_preemptions,
+            exhaustion_preemptions: pauses.of(PauseCause::Exhaustion),
             programs,
-            pauses: stats.total_pauses(),
+            pauses: pauses.total(),
             restores: stats.restores,
             recomputed_tokens: self.replicas.stats().recomputed_tokens,
             kv_offloaded_blocks: offloaded,

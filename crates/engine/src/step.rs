@@ -8,11 +8,10 @@
 use std::time::Instant;
 
 use agentd_kv::ProgramId;
-use agentd_scheduler::{Step, StepError};
+use agentd_scheduler::{PauseCause, Step, StepError};
 use tracing::error;
 
 use crate::core::{Core, Requests, Sampled, SeqPlan, StepBatch};
-use crate::trace;
 use crate::{EndReason, Event, FinishReason};
 
 impl Core {
@@ -27,7 +26,6 @@ impl Core {
             copies: Vec::new(),
             changed: self.finish_cancelled(r),
         };
-        let before = agentd_scheduler::Policy::stats(&self.replicas.policy);
         let begun = self.replicas.begin_step(r, now, &Requests(&self.programs));
         let mut step = match begun {
             Ok(step) => step,
@@ -38,12 +36,8 @@ impl Core {
         };
         let sched = step.scheduled();
         batch.changed |= !(sched.expired.is_empty() && sched.decision.is_empty());
-        if !sched.decision.pause.is_empty() {
-            let after = agentd_scheduler::Policy::stats(&self.replicas.policy);
-            let cause = trace::pause_cause(&before, &after);
-            for &p in &sched.decision.pause {
-                self.note_pause(p, cause);
-            }
+        for &(p, cause) in &sched.decision.pause {
+            self.note_pause(p, cause);
         }
         for &p in &sched.expired {
             if let Some(prog) = self.programs.get_mut(&p) {
@@ -70,7 +64,7 @@ impl Core {
         };
         batch.changed |= !(plan.seqs.is_empty() && plan.preempted.is_empty());
         for &p in &plan.preempted {
-            self.note_pause(p, trace::KV_EXHAUSTED);
+            self.note_pause(p, PauseCause::Exhaustion);
         }
         batch.copies = copies;
         if plan.seqs.is_empty() {

@@ -67,8 +67,9 @@ pub(crate) fn step_span(replica: usize, seqs: usize, prefill: usize, decode: usi
     )
 }
 
-/// Why a program was paused (the `cause` of `paused` and `restored`).
-pub(crate) type Cause = &'static str;
+/// Why a program was paused (the `cause` of `paused` and `restored`): the
+/// scheduler's one definition, which its counts use too.
+pub(crate) type Cause = agentd_scheduler::PauseCause;
 
 /// Something that happened to a request under the engine lock, emitted as
 /// an event of its span once the lock is free.
@@ -122,7 +123,7 @@ impl Mark {
                 "admitted"
             ),
             Mark::Paused { cause } => {
-                tracing::info!(target: TARGET, parent: span, cause, "paused")
+                tracing::info!(target: TARGET, parent: span, cause = cause.as_str(), "paused")
             }
             Mark::Restored {
                 replica,
@@ -134,7 +135,7 @@ impl Mark {
                 parent: span,
                 replica,
                 cached_tokens,
-                cause,
+                cause = cause.as_str(),
                 paused_s,
                 "restored"
             ),
@@ -154,31 +155,3 @@ impl Mark {
         }
     }
 }
-
-/// Pause causes by which of the policy's counters a decision moved
-/// (`agentd_scheduler::PolicyStats`); `policy` when several did.
-pub(crate) fn pause_cause(
-    before: &agentd_scheduler::PolicyStats,
-    after: &agentd_scheduler::PolicyStats,
-) -> Cause {
-    let moved = [
-        (after.pauses > before.pauses, "thrashing"),
-        (
-            after.work_conserving_pauses > before.work_conserving_pauses,
-            "work_conserving",
-        ),
-        (after.overdue_pauses > before.overdue_pauses, "overdue"),
-    ];
-    let mut causes = moved.iter().filter(|(m, _)| *m).map(|(_, c)| *c);
-    match (causes.next(), causes.next()) {
-        (Some(c), None) => c,
-        _ => "policy",
-    }
-}
-
-/// Cause of a pause forced by block exhaustion while planning a step.
-pub(crate) const KV_EXHAUSTED: Cause = "kv_exhausted";
-
-/// Cause of a pause by the trainer (`pause_generation` in `retract` mode,
-/// [`crate::control`]).
-pub(crate) const RETRACTED: Cause = "retracted";

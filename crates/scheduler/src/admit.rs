@@ -41,7 +41,7 @@
 
 use crate::program::Program;
 use crate::rotation::WaitBound;
-use crate::{Decision, Memory, Phase, Placement, ProgramId, ProgramScheduler, State};
+use crate::{Decision, Memory, PauseCause, Phase, Placement, ProgramId, ProgramScheduler, State};
 use tracing::debug;
 
 /// Admissions per decision, so one step boundary never stalls on a long queue.
@@ -113,7 +113,7 @@ impl ProgramScheduler {
             // decision: its blocks are still referenced in `mem` (the engine
             // has not applied the pause yet), so `need` would count them as
             // shared and restore it at once — a flap within one step.
-            if !self.queue.contains(p) || out.pause.contains(&p) {
+            if !self.queue.contains(p) || out.pauses(p) {
                 continue;
             }
             if !self.place_unit(p, l, now, mem, &mut room, out) {
@@ -376,11 +376,11 @@ impl ProgramScheduler {
                 room.running[l] = room.running[l].saturating_sub(1);
             }
             self.mark_paused(q, now, mem);
-            match ask.victims {
-                Victims::Acting => self.stats.work_conserving_pauses += 1,
-                Victims::Resident => self.stats.overdue_pauses += 1,
-            }
-            out.pause.push(q);
+            let cause = match ask.victims {
+                Victims::Acting => PauseCause::WorkConserving,
+                Victims::Resident => PauseCause::Overdue,
+            };
+            out.pause.push((q, cause));
         }
         room.tentative[l] -= freed;
         self.demand[l].0 -= freed;
@@ -415,7 +415,7 @@ impl ProgramScheduler {
                 Victims::Resident => self.rotatable(q, now, room.wait),
             };
             let in_unit_group = unit_group.is_some_and(|g| q.group == Some(g));
-            ok && !in_unit_group && !out.pause.contains(&id)
+            ok && !in_unit_group && !out.pauses(id)
         };
         let order: Vec<(ProgramId, f64, usize)> = self
             .pause_order(l, now, mem)

@@ -58,14 +58,69 @@ pub enum Route {
     Queued,
 }
 
+/// Why a program was paused: the one definition the engine's metrics and
+/// trace and the simulator's report count by. The core counts each pause
+/// where it applies it ([`CoreStats::pauses`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PauseCause {
+    /// The thrashing test: demand above λmax of the pool.
+    Thrashing,
+    /// Work conservation: acting programs let go for a waiting one on a
+    /// replica that would otherwise idle.
+    WorkConserving,
+    /// Bounded waiting: room made for an overdue program.
+    Overdue,
+    /// Blocks ran out while planning a step (vLLM's preemption).
+    Exhaustion,
+    /// A trainer's `pause_generation` in `retract` mode.
+    Retracted,
+}
+
+impl PauseCause {
+    pub const ALL: [PauseCause; 5] = [
+        PauseCause::Thrashing,
+        PauseCause::WorkConserving,
+        PauseCause::Overdue,
+        PauseCause::Exhaustion,
+        PauseCause::Retracted,
+    ];
+    /// The name traces and logs use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseCause::Thrashing => "thrashing",
+            PauseCause::WorkConserving => "work_conserving",
+            PauseCause::Overdue => "overdue",
+            PauseCause::Exhaustion => "kv_exhausted",
+            PauseCause::Retracted => "retracted",
+        }
+    }
+}
+
+/// Pauses counted by cause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PauseCounts([u64; 5]);
+
+impl PauseCounts {
+    pub fn of(&self, cause: PauseCause) -> u64 {
+        self.0[cause as usize]
+    }
+    /// Every pause, whatever its cause (vLLM's `num_preemptions_total`).
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    pub(crate) fn add(&mut self, cause: PauseCause) {
+        self.0[cause as usize] += 1;
+    }
+}
+
 /// What the engine must do at this step boundary.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decision {
-    /// Programs to pause (on the replica they live on, the calling one): drop
-    /// their KV references; an
-    /// in-flight request stops at this step boundary, keeps its generated
-    /// tokens and waits for the program's restore.
-    pub pause: Vec<ProgramId>,
+    /// Programs to pause (on the replica they live on, the calling one),
+    /// with why: drop their KV references; an in-flight request stops at
+    /// this step boundary, keeps its generated tokens and waits for the
+    /// program's restore.
+    pub pause: Vec<(ProgramId, PauseCause)>,
     /// Programs to (re)start, with the replica they are placed on: match their
     /// prefix there and run their pending request.
     pub admit: Vec<(ProgramId, usize)>,
@@ -75,31 +130,24 @@ impl Decision {
     pub fn is_empty(&self) -> bool {
         self.pause.is_empty() && self.admit.is_empty()
     }
+    /// The programs paused, in order.
+    pub fn paused(&self) -> Vec<ProgramId> {
+        self.pause.iter().map(|&(p, _)| p).collect()
+    }
+    /// Whether this decision pauses `p`.
+    pub fn pauses(&self, p: ProgramId) -> bool {
+        self.pause.iter().any(|&(q, _)| q == p)
+    }
 }
 
-/// Counters a policy keeps about its own decisions.
+/// Counters a policy keeps about its own decisions (pauses are counted by
+/// the core, where they are applied: [`CoreStats::pauses`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PolicyStats {
-    /// Programs paused by the thrashing test.
-    pub pauses: u64,
-    /// Programs paused because blocks actually ran out during a step.
-    pub exhaustion_pauses: u64,
-    /// Acting programs paused so that a waiting program runs on a replica
-    /// that would otherwise idle (work conservation).
-    pub work_conserving_pauses: u64,
-    /// Programs paused to make room for an overdue one (bounded waiting).
-    pub overdue_pauses: u64,
     /// Paused programs admitted again.
     pub restores: u64,
     /// First admissions of new programs / requests.
     pub admissions: u64,
-}
-
-impl PolicyStats {
-    /// Every pause, whatever its cause.
-    pub fn total_pauses(&self) -> u64 {
-        self.pauses + self.exhaustion_pauses + self.work_conserving_pauses + self.overdue_pauses
-    }
 }
 
 /// A scheduling policy. Calls are made by the engine at well-defined points;

@@ -31,7 +31,8 @@ use crate::program::{Program, ProgramTable};
 use crate::queue::{QueueClass, WaitingQueue};
 use crate::tools::{ToolId, ToolStats, ToolTable};
 use crate::{
-    Decision, Memory, Phase, Policy, PolicyStats, ProgramId, Route, SchedulerConfig, State,
+    Decision, Memory, PauseCause, Phase, Policy, PolicyStats, ProgramId, Route, SchedulerConfig,
+    State,
 };
 
 /// Program-level policy state: the program table, per-replica active sets and
@@ -215,8 +216,7 @@ impl ProgramScheduler {
             }
             debug!(replica = l, program = %p, ?phase, held, demand = d, cap, "thrashing: pause");
             self.mark_paused(p, now, mem);
-            self.stats.pauses += 1;
-            out.pause.push(p);
+            out.pause.push((p, PauseCause::Thrashing));
             d -= freed;
         }
         d
@@ -425,7 +425,6 @@ impl Policy for ProgramScheduler {
             .or_else(|| order.first().map(|v| v.0))?;
         debug!(replica, program = %victim, "blocks exhausted: pause");
         self.mark_paused(victim, now, mem);
-        self.stats.exhaustion_pauses += 1;
         Some(victim)
     }
 

@@ -24,7 +24,8 @@ use agentd_kv::{BlockCopy, BlockHash, KvCache, KvError, KvEvent, PrefixMatch, Pr
 use tracing::debug;
 
 use crate::{
-    Decision, GroupId, GroupJoin, Policy, ProgramTable, Replicas, Route, StepError, ToolId,
+    Decision, GroupId, GroupJoin, PauseCause, PauseCounts, Policy, ProgramTable, Replicas, Route,
+    StepError, ToolId,
 };
 
 /// How often (seconds of `now`) leases are checked: `Policy::expire` walks
@@ -111,8 +112,9 @@ pub struct StepPlan {
 pub struct CoreStats {
     /// Tokens computed before that had to be computed again on a (re)start.
     pub recomputed_tokens: u64,
-    /// Pauses forced by block exhaustion while planning a batch.
-    pub exhaustion_preemptions: u64,
+    /// Every pause applied, by cause (the one count of them: the engine's
+    /// metrics and trace and the simulator read it).
+    pub pauses: PauseCounts,
 }
 
 /// The replicas, their KV caches and running sets, and the policy.
@@ -330,9 +332,10 @@ impl<P: Policy> ReplicaSet<P> {
             Vec::new()
         };
         let decision = self.policy.schedule(r, now, &Replicas(&self.kv));
-        for &p in &decision.pause {
+        for &(p, cause) in &decision.pause {
             if let Some(h) = self.home(p) {
                 self.pause_on(p, h);
+                self.stats.pauses.add(cause);
             }
         }
         let started = decision
@@ -456,7 +459,7 @@ impl<P: Policy> ReplicaSet<P> {
             };
             debug!(replica = r, victim = %v, "blocks exhausted: pause");
             self.pause_on(v, r);
-            self.stats.exhaustion_preemptions += 1;
+            self.stats.pauses.add(PauseCause::Exhaustion);
             victims.push(v);
             if v == p {
                 return false;
@@ -486,6 +489,7 @@ impl<P: Policy> ReplicaSet<P> {
                 break;
             };
             self.pause_on(v, r);
+            self.stats.pauses.add(PauseCause::Retracted);
             paused.push(v);
         }
         Ok(paused)

@@ -166,7 +166,6 @@ impl Policy for RequestScheduler {
             prog.waiting = true;
         }
         self.queues[replica].push_front(victim);
-        self.stats.exhaustion_pauses += 1;
         Some(victim)
     }
 

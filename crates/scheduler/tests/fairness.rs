@@ -5,7 +5,7 @@
 
 mod common;
 
-use agentd_scheduler::{GroupId, Policy, SchedulerConfig, ToolId, TOOL_MIN_SAMPLES};
+use agentd_scheduler::{GroupId, PauseCause, Policy, SchedulerConfig, ToolId, TOOL_MIN_SAMPLES};
 use common::{config, ids, pid, system_prompt, Engine, BS};
 
 /// Members `first..first + n` of group 7 (announced size `n`): an 8-block
@@ -107,9 +107,9 @@ fn an_overdue_program_displaces_long_resident_ones() {
     let d = eng.step(0);
     // Both were resident for 2 s and both are reasoning: shortest first,
     // ties by id; one pause frees 45 ≥ 31.
-    assert_eq!(ids(&d.pause), vec![1]);
+    assert_eq!(ids(&d.paused()), vec![1]);
     assert_eq!(d.admit, vec![(pid(3), 0)]);
-    assert_eq!(eng.policy.stats().overdue_pauses, 1);
+    assert_eq!(eng.stats().pauses.of(PauseCause::Overdue), 1);
     eng.check_kv();
 
     // Without the bound (the default) program 3 simply waits.
@@ -162,7 +162,7 @@ fn named_tools_order_pauses_by_expected_remaining_time() {
     // Shortest first would pause X, whose read is 0.2 s from done.
     eng.request(pid(3), 68 * BS);
     let d = eng.step(0);
-    assert_eq!(ids(&d.pause), vec![2], "{d:?}");
+    assert_eq!(ids(&d.paused()), vec![2], "{d:?}");
     assert_eq!(d.admit, vec![(pid(3), 0)]);
     eng.check_kv();
 }

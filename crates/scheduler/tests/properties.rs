@@ -10,8 +10,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use agentd_scheduler::{
-    Lifecycle, Placement, Policy, ProgramId, ProgramScheduler, RequestScheduler, SchedulerConfig,
-    State,
+    Lifecycle, PauseCause, Placement, Policy, ProgramId, ProgramScheduler, RequestScheduler,
+    SchedulerConfig, State,
 };
 use common::{config, pid, system_prompt, Engine, BS};
 use proptest::prelude::*;
@@ -153,10 +153,7 @@ fn apply<P: Policy>(eng: &mut Engine<P>, e: &Ev) {
             let d = eng.step(r);
             // Never paused and (re)admitted by the same decision (a flap).
             for (p, _) in &d.admit {
-                assert!(
-                    !d.pause.contains(p),
-                    "{p} paused and admitted at once: {d:?}"
-                );
+                assert!(!d.pauses(*p), "{p} paused and admitted at once: {d:?}");
             }
             // A running program left partly computed by an earlier exhaustion
             // catches up when it is its replica's turn (the engine's next step).
@@ -319,13 +316,14 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
         let (s, evs) = strategy.new_tree(&mut runner).unwrap().current();
         let eng = run_program(&s, &evs).unwrap();
         let st = eng.policy.stats();
-        pauses += st.pauses;
+        let by_cause = eng.stats().pauses;
+        pauses += by_cause.of(PauseCause::Thrashing);
         restores += st.restores;
-        exhausted += st.exhaustion_pauses;
+        exhausted += by_cause.of(PauseCause::Exhaustion);
         if s.cfg.max_wait_s.is_finite() {
-            hard += st.overdue_pauses;
+            hard += by_cause.of(PauseCause::Overdue);
         } else {
-            measured += st.overdue_pauses;
+            measured += by_cause.of(PauseCause::Overdue);
         }
         for l in &eng.log {
             match l {

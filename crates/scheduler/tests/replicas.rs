@@ -4,7 +4,9 @@
 
 mod common;
 
-use agentd_scheduler::{Phase, Placement, Policy, ProgramScheduler, SchedulerConfig, State};
+use agentd_scheduler::{
+    PauseCause, Phase, Placement, Policy, ProgramScheduler, SchedulerConfig, State,
+};
 use common::{admit_all, assert_close, config, ids, info, pid, Engine, BS};
 
 // ---------------------------------------------------------------- rule 8
@@ -73,7 +75,7 @@ fn paused_with_cache_on_replica_0() -> Engine<ProgramScheduler> {
     // D = 80 + 20 + 2 = 102 > 100 → pause P; it does not fit back on 0
     // (81 + 21 > 90), and replica 1 has room but P's blocks survive on 0.
     let d = eng.step(0);
-    assert_eq!(ids(&d.pause), vec![2]);
+    assert_eq!(ids(&d.paused()), vec![2]);
     assert!(d.admit.is_empty(), "{d:?}");
     assert_eq!(eng.kv(0).pool().num_evictable(), 20);
     for t in [2.0, 3.0] {
@@ -149,8 +151,9 @@ fn block_exhaustion_preempts_in_pause_order_and_never_aborts() {
     let (policy, mem) = eng.core.policy_and_memory();
     assert_eq!(policy.preempt(0, now, &mem, pid(1)), None);
 
-    let s = eng.policy.stats();
-    assert_eq!((s.exhaustion_pauses, s.pauses), (5, 0));
+    let s = eng.stats().pauses;
+    let by_cause = (s.of(PauseCause::Exhaustion), s.of(PauseCause::Thrashing));
+    assert_eq!(by_cause, (5, 0));
     // Acting victims have nothing pending; every reasoning request waits.
     for p in [4, 3] {
         assert_eq!(

@@ -6,7 +6,7 @@
 
 mod common;
 
-use agentd_scheduler::{Decision, Policy, ProgramScheduler, SchedulerConfig};
+use agentd_scheduler::{Decision, PauseCause, Policy, ProgramScheduler, SchedulerConfig};
 use common::{config, ids, pid, Engine, BS};
 
 type Eng = Engine<ProgramScheduler>;
@@ -64,9 +64,9 @@ fn overdue_behind_two(host_slots: Option<usize>) -> (Eng, Decision, Decision) {
 fn an_overdue_program_rotates_out_an_acting_one_the_tier_keeps() {
     let (mut eng, reasoning, acting) = overdue_behind_two(Some(200));
     assert!(reasoning.is_empty(), "a turn was cut: {reasoning:?}");
-    assert_eq!(ids(&acting.pause), vec![1], "{acting:?}");
+    assert_eq!(ids(&acting.paused()), vec![1], "{acting:?}");
     assert_eq!(acting.admit, vec![(pid(3), 0)]);
-    assert_eq!(eng.policy.stats().overdue_pauses, 1);
+    assert_eq!(eng.stats().pauses.of(PauseCause::Overdue), 1);
     // Admitting 3 evicted part of 1's context: to the host tier.
     assert!(eng.kv(0).host_copies().0 > 0, "no offload");
     // 1's next turn is restored once 3 is overdue to leave, by copies.
@@ -75,7 +75,7 @@ fn an_overdue_program_rotates_out_an_acting_one_the_tier_keeps() {
     eng.now += 2.0;
     let d = eng.step(0);
     assert_eq!(
-        (ids(&d.pause), d.admit.clone()),
+        (ids(&d.paused()), d.admit.clone()),
         (vec![3], vec![(pid(1), 0)])
     );
     assert!(eng.kv(0).host_copies().1 > 0, "restored without onloads");
@@ -95,7 +95,7 @@ fn rotation_stops_where_the_tier_could_not_keep_the_context() {
 fn without_a_tier_nothing_rotates() {
     let (eng, reasoning, acting) = overdue_behind_two(None);
     assert!(reasoning.is_empty() && acting.is_empty(), "{acting:?}");
-    assert_eq!(eng.policy.stats().overdue_pauses, 0);
+    assert_eq!(eng.stats().pauses.of(PauseCause::Overdue), 0);
 }
 
 #[test]
@@ -111,6 +111,6 @@ fn an_explicit_bound_rotates_whatever_the_tier_holds() {
     eng.request(pid(3), 30 * BS);
     eng.now = 2.0;
     // Both reasoning, the tier far too small: the hard bound cuts a turn.
-    assert_eq!(ids(&eng.step(0).pause), vec![1]);
+    assert_eq!(ids(&eng.step(0).paused()), vec![1]);
     eng.check_kv();
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use agentd_scheduler::{Phase, Policy, ProgramScheduler, SchedulerConfig, State};
+use agentd_scheduler::{PauseCause, Phase, Policy, ProgramScheduler, SchedulerConfig, State};
 use common::{admit_all, assert_close, config, ids, info, pid, system_prompt, Engine, BS};
 
 // ---------------------------------------------------------------- rule 1
@@ -32,7 +32,7 @@ fn thrashing_test_pauses_while_demand_exceeds_lambda_max_and_stops_at_it() {
     assert!(eng.decode(pid(10), 1));
     assert_close(eng.demand(0), 81.0);
     let d = eng.step(0);
-    assert_eq!(ids(&d.pause), vec![1]);
+    assert_eq!(ids(&d.paused()), vec![1]);
     assert!(d.admit.is_empty());
     assert_close(eng.demand(0), 76.0);
 
@@ -42,10 +42,10 @@ fn thrashing_test_pauses_while_demand_exceeds_lambda_max_and_stops_at_it() {
     assert_eq!(eng.kv(0).blocks_held(pid(10)), 72);
     assert_close(eng.demand(0), 88.0);
     let d = eng.step(0);
-    assert_eq!(ids(&d.pause), vec![2, 3]);
+    assert_eq!(ids(&d.paused()), vec![2, 3]);
     assert_close(eng.demand(0), 78.0);
     assert!(eng.step(0).is_empty(), "no further pause at D = 78");
-    assert_eq!(eng.policy.stats().pauses, 3);
+    assert_eq!(eng.stats().pauses.of(PauseCause::Thrashing), 3);
     eng.check_kv();
 }
 
@@ -71,7 +71,7 @@ fn thrashing_test_stops_as_soon_as_demand_fits_with_chunked_prefill() {
     assert!(eng.decode(pid(1), 25 * BS));
     assert_close(eng.demand(0), 87.0);
     let d = eng.step(0);
-    assert_eq!(ids(&d.pause), vec![2]);
+    assert_eq!(ids(&d.paused()), vec![2]);
     assert_close(eng.demand(0), 66.0);
     assert_eq!(info(&eng, 1).state, State::Active);
 }
@@ -126,11 +126,11 @@ fn an_idle_replica_pauses_acting_programs_for_a_waiting_one() {
     // a tool that returns at once costs a re-match, not a recompute).
     let d = eng.step(0);
     // Pausing program 1 (the shortest, 20 blocks) is enough: 65 + 11 ≤ 90.
-    assert_eq!(ids(&d.pause), vec![1]);
+    assert_eq!(ids(&d.paused()), vec![1]);
     assert_eq!(d.admit, vec![(pid(4), 0)]);
     assert!(eng.is_running(pid(4)));
     assert_eq!(eng.kv(0).blocks_held(pid(4)), 10);
-    assert_eq!(eng.policy.stats().work_conserving_pauses, 1);
+    assert_eq!(eng.stats().pauses.of(PauseCause::WorkConserving), 1);
     // Program 1's blocks survived as cache (4 took free blocks): when its
     // next turn comes, the idle replica pauses 4 (now the shortest acting,
     // 65 + 22 ≤ 90) and restores 1 onto its own 20 cached blocks.
@@ -138,7 +138,7 @@ fn an_idle_replica_pauses_acting_programs_for_a_waiting_one() {
     eng.request(pid(1), BS);
     eng.now = 1.0;
     let d = eng.step(0);
-    assert_eq!((ids(&d.pause), d.admit), (vec![4], vec![(pid(1), 0)]));
+    assert_eq!((ids(&d.paused()), d.admit), (vec![4], vec![(pid(1), 0)]));
     assert_eq!(eng.last_match[&pid(1)].cached_tokens, 20 * BS);
     eng.check_kv();
 
@@ -178,14 +178,16 @@ fn hysteresis_prevents_flapping() {
     // D went from 94 to 99, always in (90, 100].
     assert_close(eng.demand(0), 99.0 + 1.0);
     let s = eng.policy.stats();
-    assert_eq!((s.pauses, s.restores, s.admissions), (0, 0, 1));
+    let thrashing = eng.stats().pauses.of(PauseCause::Thrashing);
+    assert_eq!((thrashing, s.restores, s.admissions), (0, 0, 1));
     assert!(info(&eng, 2).waiting);
 
     let (without, eng) = run(1.0);
     assert_eq!(without[0].admit, vec![(pid(2), 0)], "{without:?}");
-    assert_eq!(ids(&without[1].pause), vec![2], "{without:?}");
+    assert_eq!(ids(&without[1].paused()), vec![2], "{without:?}");
     let s = eng.policy.stats();
-    assert_eq!((s.pauses, s.admissions), (1, 2));
+    let thrashing = eng.stats().pauses.of(PauseCause::Thrashing);
+    assert_eq!((thrashing, s.admissions), (1, 2));
 }
 
 // ---------------------------------------------------------------- rule 3
@@ -268,7 +270,7 @@ fn pause_order_acting_first_then_reasoning_shortest_first() {
     assert_close(eng.demand(0), 101.0);
     let d = eng.step(0);
     // 101 → 96 (4) → 81 (3) → 72 (2, with its reserve).
-    assert_eq!(ids(&d.pause), vec![4, 3, 2]);
+    assert_eq!(ids(&d.paused()), vec![4, 3, 2]);
     assert!(
         d.admit.is_empty(),
         "2 is not restored by the decision that paused it"
@@ -298,7 +300,7 @@ fn acting_programs_below_one_weighted_block_are_skipped() {
     assert_close(eng.demand(0), 0.5 + w2 + 76.0);
     let d = eng.step(0);
     // Program 1 comes first in the pause order but weighs 0.5 block: skipped.
-    assert_eq!(ids(&d.pause), vec![2]);
+    assert_eq!(ids(&d.paused()), vec![2]);
     assert_close(eng.demand(0), 0.5 + 76.0);
     assert_eq!(info(&eng, 1).state, State::Active);
     assert_eq!(info(&eng, 3).state, State::Active);
@@ -315,7 +317,7 @@ fn paused_reasoning_program_requeues_its_request_and_is_restored() {
     assert!(eng.decode(pid(2), 40 * BS));
     // D = 10 + 70 + 2 = 82 > 80 → pause 1 (shortest reasoning) → 71.
     let d = eng.step(0);
-    assert_eq!(ids(&d.pause), vec![1]);
+    assert_eq!(ids(&d.paused()), vec![1]);
     assert!(d.admit.is_empty(), "71 + 11 > 70");
     let i = info(&eng, 1);
     assert_eq!(
@@ -337,7 +339,8 @@ fn paused_reasoning_program_requeues_its_request_and_is_restored() {
     assert_eq!(d.admit, vec![(pid(1), 0), (pid(3), 0)]);
     assert_eq!(eng.last_match[&pid(1)].cached_tokens, 9 * BS);
     let s = eng.policy.stats();
-    assert_eq!((s.restores, s.admissions, s.pauses), (1, 3, 1));
+    let thrashing = eng.stats().pauses.of(PauseCause::Thrashing);
+    assert_eq!((s.restores, s.admissions, thrashing), (1, 3, 1));
     // Its original request is still the one in flight, and completes.
     assert_eq!(eng.pending(pid(1)), 1);
     eng.finish(pid(1));
@@ -357,7 +360,7 @@ fn restore_order_pending_requests_before_new_programs_shortest_first() {
     assert!(eng.decode(pid(9), 50 * BS));
     // D = 12 + 6 + 70 + 3 = 91 → pause 2 (84) then 1 (71).
     let d = eng.step(0);
-    assert_eq!(ids(&d.pause), vec![2, 1]);
+    assert_eq!(ids(&d.paused()), vec![2, 1]);
     // Two new programs, shorter than both paused ones.
     eng.request(pid(5), 2 * BS);
     eng.request(pid(6), BS);

@@ -8,7 +8,9 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use agentd_scheduler::{Contexts, ProgramId, ProgramScheduler, ReplicaSet, Step, StepError};
+use agentd_scheduler::{
+    Contexts, PauseCause, ProgramId, ProgramScheduler, ReplicaSet, Step, StepError,
+};
 use common::{config, pid, BS};
 
 /// Each program's full context, lent to the core.
@@ -196,7 +198,7 @@ fn a_step_short_of_blocks_commits_only_what_it_kept() {
         core.on_request(p, 1.0, &ctx);
     }
     let mut step: Step = core.begin_step(0, 1.0, &ctx).expect("open");
-    let decided = step.scheduled().decision.pause.clone();
+    let decided = step.scheduled().decision.paused();
     let (plan, _) = step.plan(&mut core, 128, &ctx).expect("plan");
     let paused: Vec<ProgramId> = decided.into_iter().chain(plan.preempted.clone()).collect();
     assert_eq!(paused.len(), 1, "{plan:?}");
@@ -244,6 +246,10 @@ fn retract_and_flush_wait_for_the_open_step() {
     let mut retracted = core.retract(0, 1.0).expect("between steps");
     retracted.sort();
     assert_eq!(retracted, vec![pid(1), pid(2)]);
+    // Counted once, as retracted: a retract is not a block exhaustion.
+    let pauses = core.stats().pauses;
+    assert_eq!(pauses.of(PauseCause::Retracted), 2);
+    assert_eq!(pauses.total(), 2);
     assert!(core.running(0).is_empty());
     assert_eq!(core.pending(pid(1)), 1);
     assert_eq!(core.kv(0).pool().num_evictable(), 5);

@@ -10,7 +10,9 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::Instant;
 
 use agentd_kv::{KvCache, ProgramId};
-use agentd_scheduler::{build_policy, Contexts, GroupId, Policy, ReplicaSet, Started, ToolId};
+use agentd_scheduler::{
+    build_policy, Contexts, GroupId, PauseCause, Policy, ReplicaSet, Started, ToolId,
+};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -388,6 +390,7 @@ impl Simulation {
         let m = &self.metrics;
         let window_min = ((self.cfg.duration_s - self.cfg.warmup_s) / 60.0).max(1e-9);
         let stats = self.core.policy.stats();
+        let pauses = self.core.stats().pauses;
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         RunResult {
             policy: self.cfg.scheduler.policy.to_string(),
@@ -398,9 +401,9 @@ impl Simulation {
             prefix_hit_rate: ratio(m.hit_tokens, m.query_tokens),
             ideal_hit_rate: ratio(m.ideal_hit_tokens, m.query_tokens),
             recomputed_tokens: m.recomputed_tokens,
-            pauses: stats.total_pauses() - stats.exhaustion_pauses,
+            pauses: pauses.total() - pauses.of(PauseCause::Exhaustion),
             restores: stats.restores,
-            preemptions: stats.exhaustion_pauses,
+            preemptions: pauses.of(PauseCause::Exhaustion),
             kv_imbalance: m.kv_imbalance(),
             sched_us_per_step: m.sched_ns as f64 / 1000.0 / m.sched_calls.max(1) as f64,
             output_tok_s: m.output_tokens as f64 / (window_min * 60.0),
