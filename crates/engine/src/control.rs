@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentd_kv::ProgramId;
-use agentd_models::{MemoryTags, Model, ModelConfig, StepRunner};
+use agentd_models::{LoadedModel, MemoryTags, ModelConfig, StepRunner};
 
 use crate::core::Core;
 use crate::engine::Engine;
@@ -108,11 +108,11 @@ pub(crate) struct Control {
 #[derive(Clone)]
 pub(crate) enum RunnerOp {
     /// Run on these weights from now on.
-    Weights(Arc<Model>),
+    Weights(Arc<dyn LoadedModel>),
     /// Give these regions back to the system.
     Release(MemoryTags),
     /// Take these regions again (the weights, when among them, loaded).
-    Resume(MemoryTags, Option<Arc<Model>>),
+    Resume(MemoryTags, Option<Arc<dyn LoadedModel>>),
 }
 
 impl RunnerOp {
@@ -419,7 +419,7 @@ impl Engine {
     /// steps; see the module docs. Blocks until done; refused, with the
     /// old weights still serving, when the architecture differs or the
     /// engine is paused in place with requests holding KV.
-    pub fn swap_weights(&self, model: Arc<Model>) -> Result<SwapReport, ControlError> {
+    pub fn swap_weights(&self, model: Arc<dyn LoadedModel>) -> Result<SwapReport, ControlError> {
         check_compatible(self.model_config(), model.config())?;
         let shared = self.shared();
         shared.section(|core| {

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use agentd_models::{MemoryTags, Model};
+use agentd_models::{LoadedModel, MemoryTags};
 
 use crate::control::{ControlError, RunnerOp};
 use crate::engine::Engine;
@@ -71,7 +71,7 @@ impl Engine {
     pub fn resume_memory(
         &self,
         tags: MemoryTags,
-        weights: Option<Arc<Model>>,
+        weights: Option<Arc<dyn LoadedModel>>,
     ) -> Result<(), ControlError> {
         let weights = match (tags.weights, weights) {
             (true, Some(m)) => {

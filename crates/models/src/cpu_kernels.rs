@@ -47,6 +47,12 @@ pub enum CpuKernelsError {
     },
 }
 
+impl From<CpuKernelsError> for agentd_runtime::ModelError {
+    fn from(e: CpuKernelsError) -> Self {
+        agentd_runtime::ModelError::CpuKernels(e.to_string())
+    }
+}
+
 impl KernelPath {
     pub const ALL: [KernelPath; 4] = [
         KernelPath::Avx512,

@@ -19,15 +19,11 @@
 //! - [`synth`]: deterministic random-weight checkpoints (`agentd make-model`).
 
 pub mod attention;
-pub mod batch;
-pub mod config;
 pub mod cpu_kernels;
-pub mod error;
 pub mod glm4;
 pub mod glm4_moe;
 pub mod layers;
 pub mod loader;
-pub mod logits;
 mod matmul;
 pub mod memory;
 pub mod mlp;
@@ -43,7 +39,9 @@ pub mod sampling;
 pub mod self_attn;
 mod simd;
 pub mod synth;
-pub mod tokenizer;
+
+// The runtime contract and the model-agnostic parts, at their old paths.
+pub use agentd_runtime::{batch, config, error, logits, tokenizer};
 
 pub use attention::{KvCacheConfig, PagedKvCache};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};
@@ -54,7 +52,7 @@ pub use loader::LoadDtype;
 pub use logits::Logits;
 pub use memory::MemoryTags;
 pub use model::{Model, Qwen3Model};
-pub use runner::{CpuRunner, StepRunner};
+pub use runner::{CpuLoader, CpuRunner, LoadedModel, StepRunner, WeightLoader};
 pub use sampling::{
     FinishReason, InvalidSampling, PromptLogprob, SampleOutput, SamplingParams, SequenceSampler,
     TokenControls,

@@ -181,6 +181,11 @@ impl Weights {
         self
     }
 
+    /// The dtype of the matrices [`Weights::get_matrix`] hands out.
+    pub fn matrix_dtype(&self) -> LoadDtype {
+        self.matrix_dtype
+    }
+
     /// Reports each tensor's stored bytes to `progress` as it is loaded.
     pub fn with_progress(mut self, progress: Option<LoadProgress>) -> Self {
         self.progress = progress;

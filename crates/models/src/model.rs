@@ -39,6 +39,8 @@ pub struct Model {
     device: Device,
     /// Bytes of weights held (matrices in their in-memory dtype).
     weight_bytes: usize,
+    /// How the matrices were loaded (a weight update loads the same way).
+    load_dtype: LoadDtype,
 }
 
 /// The name the model had while only Qwen3 ran; kept so code written against
@@ -125,6 +127,7 @@ impl Model {
         }
         Ok(Model {
             weight_bytes: w.loaded_bytes().saturating_sub(bytes_before),
+            load_dtype: w.matrix_dtype(),
             inv_freq: inv_freq(&cfg),
             device: embed_tokens.device().clone(),
             cfg,
@@ -148,6 +151,11 @@ impl Model {
     /// and biases in f32.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// The dtype the matrices were loaded in (`--dtype`).
+    pub fn load_dtype(&self) -> LoadDtype {
+        self.load_dtype
     }
 
     /// A cache with this model's geometry and `num_blocks` blocks.

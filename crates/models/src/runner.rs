@@ -1,99 +1,61 @@
-//! A model bound to one replica's KV cache: the unit the engine's worker runs
-//! each step. The engine sees only this trait, so the CPU runtime here and the
-//! CUDA backend (`agentd-cuda`) plug into the same batching loop.
+//! The CPU runtime's [`StepRunner`]: a [`Model`] bound to one replica's
+//! cache on its own rayon pool, and [`Model`] as the runtime's
+//! [`LoadedModel`] (the contract is `agentd_runtime::runner`).
 
+use std::path::Path;
 use std::sync::Arc;
 
 use agentd_kv::BlockCopy;
+use agentd_runtime::runner::no_host_tier;
+pub use agentd_runtime::runner::{LoadedModel, StepRunner, WeightLoader};
 
 use crate::attention::PagedKvCache;
 use crate::batch::BatchInput;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::loader::LoadDtype;
 use crate::logits::Logits;
 use crate::memory::{trim_heap, MemoryTags};
 use crate::model::Model;
 
-/// One replica's model and cache.
-pub trait StepRunner: Send {
-    /// Runs one batch (writing its new K/V into the cache) and returns one
-    /// f32 logits row per entry of `batch.logits_indices`.
-    fn step(&mut self, batch: &BatchInput) -> Result<Logits>;
-
-    /// Tokens per cache block.
-    fn block_size(&self) -> usize;
-
-    /// Blocks in the cache.
-    fn num_blocks(&self) -> usize;
-
-    /// Where the step runs, for logs ("cpu", "cuda:0").
-    fn device(&self) -> String;
-
-    /// The runner's CPU compute threads, if it has its own: the engine
-    /// samples a step's rows on them once the forward is done, so sampling
-    /// uses the replica's share of the cores and no more. `None` (a GPU
-    /// backend) makes the engine keep a pool of its own per replica.
-    fn compute_pool(&self) -> Option<&rayon::ThreadPool> {
-        None
+impl LoadedModel for Model {
+    fn config(&self) -> &ModelConfig {
+        Model::config(self)
     }
 
-    /// Puts a host tier of `slots` blocks behind the cache (docs/design.md §4);
-    /// an error when the runner has none.
-    fn enable_host_tier(&mut self, slots: usize) -> Result<()> {
-        match slots {
-            0 => Ok(()),
-            _ => Err(no_host_tier(&self.device())),
-        }
+    fn runner(
+        self: Arc<Self>,
+        name: &str,
+        num_blocks: usize,
+        block_size: usize,
+        threads: usize,
+    ) -> Result<Box<dyn StepRunner>> {
+        let r = CpuRunner::new(self, num_blocks, block_size, threads, name)?;
+        Ok(Box::new(r))
     }
 
-    /// Runs the next steps on `model`'s weights (a weight update between
-    /// steps; the engine checked the architecture). An error when the
-    /// runner cannot swap weights in place.
-    fn swap_model(&mut self, model: Arc<Model>) -> Result<()> {
-        drop(model);
-        Err(ModelError::Backend {
-            backend: "runner",
-            message: format!("{} cannot swap weights in place", self.device()),
-        })
-    }
-
-    /// Gives the `tags` regions back to the system (SGLang's
-    /// `release_memory_occupation`): the KV pool's storage (its contents
-    /// are lost; the engine flushed every block first) and the weights.
-    /// The engine runs no step until [`StepRunner::resume_memory`]. An
-    /// error when the runner cannot.
-    fn release_memory(&mut self, tags: MemoryTags) -> Result<()> {
-        Err(no_release(&self.device(), tags))
-    }
-
-    /// Takes the released `tags` regions again: a zeroed KV pool, and
-    /// `weights` (loaded by the caller) when the weights were released.
-    fn resume_memory(&mut self, tags: MemoryTags, weights: Option<Arc<Model>>) -> Result<()> {
-        drop(weights);
-        Err(no_release(&self.device(), tags))
-    }
-
-    /// Carries out the allocator's copies between the tiers, in order
-    /// (before the next [`StepRunner::step`]).
-    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
-        match copies.is_empty() {
-            true => Ok(()),
-            false => Err(no_host_tier(&self.device())),
-        }
+    fn loader(&self) -> Arc<dyn WeightLoader> {
+        Arc::new(CpuLoader(self.load_dtype()))
     }
 }
 
-fn no_release(device: &str, tags: MemoryTags) -> ModelError {
-    ModelError::Backend {
-        backend: "runner",
-        message: format!("{device} cannot release or resume {:?}", tags.names()),
+/// Loads checkpoints for the CPU runtime with matrices in one dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuLoader(pub LoadDtype);
+
+impl WeightLoader for CpuLoader {
+    fn load(&self, dir: &Path) -> Result<Arc<dyn LoadedModel>> {
+        Ok(Arc::new(Model::load_as(dir, self.0)?))
     }
 }
 
-fn no_host_tier(device: &str) -> ModelError {
-    ModelError::Backend {
-        backend: "runner",
-        message: format!("{device} has no host KV tier (--kv-offloading-size)"),
-    }
+/// The CPU model behind `model`, refusing another backend's weights.
+fn cpu_model(model: Arc<dyn LoadedModel>) -> Result<Arc<Model>> {
+    let any: Arc<dyn std::any::Any + Send + Sync> = model;
+    any.downcast::<Model>().map_err(|_| ModelError::Backend {
+        backend: "cpu",
+        message: "the weights were loaded by another backend".into(),
+    })
 }
 
 /// The CPU runtime on its own rayon pool (replicas split the cores, so they
@@ -172,7 +134,8 @@ impl StepRunner for CpuRunner {
         Some(&self.pool)
     }
 
-    fn swap_model(&mut self, model: Arc<Model>) -> Result<()> {
+    fn swap_model(&mut self, model: Arc<dyn LoadedModel>) -> Result<()> {
+        let model = cpu_model(model)?;
         self.cache.check_model(model.config())?;
         // The old weights are freed when the last replica lets go of them.
         self.model = Some(model);
@@ -196,12 +159,16 @@ impl StepRunner for CpuRunner {
         Ok(())
     }
 
-    fn resume_memory(&mut self, tags: MemoryTags, weights: Option<Arc<Model>>) -> Result<()> {
+    fn resume_memory(
+        &mut self,
+        tags: MemoryTags,
+        weights: Option<Arc<dyn LoadedModel>>,
+    ) -> Result<()> {
         if tags.weights {
-            let model = weights.ok_or_else(|| ModelError::Backend {
+            let model = cpu_model(weights.ok_or_else(|| ModelError::Backend {
                 backend: "cpu",
                 message: "resuming the weights needs the loaded model".into(),
-            })?;
+            })?)?;
             self.cache.check_model(model.config())?;
             self.model = Some(model);
         }

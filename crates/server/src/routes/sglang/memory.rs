@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use agentd_engine::{ControlError, Engine, MemoryTags};
-use agentd_models::Model;
+use agentd_models::{LoadedModel, Model};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -106,7 +106,7 @@ pub(crate) async fn resume(state: &SharedState, tags: Option<MemoryTags>) -> Res
 
 /// The serving checkpoint read again from disk (`/model_info`'s
 /// `model_path`: the start's, or the last weight update's).
-async fn load_weights(state: &SharedState) -> Result<Arc<Model>, ApiError> {
+async fn load_weights(state: &SharedState) -> Result<Arc<dyn LoadedModel>, ApiError> {
     let (path, dtype) = (state.rl.model_path(), state.weights_dtype);
     let t = std::time::Instant::now();
     let shown = path.clone();

@@ -64,7 +64,7 @@ impl Tokenizer {
     }
 
     /// The Hugging Face tokenizer itself (the grammar engine reads its vocabulary).
-    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
 }

@@ -32,7 +32,7 @@ pub enum RopeScaling {
 }
 
 /// A weight dtype: the one a checkpoint declares (`torch_dtype`), or the one
-/// matrices are cast to at load ([`crate::loader::LoadDtype`]). The CPU
+/// matrices are cast to at load (`agentd_models::loader::LoadDtype`). The CPU
 /// runtime keeps 16-bit matrices as they are and widens them exactly inside
 /// the products, which accumulate in f32 (the `matmul` module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,7 @@ impl WeightDtype {
     }
 
     /// The candle dtype of this weight dtype.
+    #[cfg(feature = "candle")]
     pub fn to_candle(self) -> candle_core::DType {
         match self {
             WeightDtype::F32 => candle_core::DType::F32,

@@ -1,6 +1,8 @@
-//! Errors of the model runtime. Every variant names what the user must fix
-//! (a file, a tensor, a config field, a batch field) so that a bad model
-//! directory or a malformed batch never ends in a panic.
+//! Errors of the model runtime, every backend's included (one type, so the
+//! engine and the server handle a CPU and a CUDA failure alike). Every
+//! variant names what the user must fix (a file, a tensor, a config field, a
+//! batch field) so that a bad model directory or a malformed batch never
+//! ends in a panic.
 
 use std::path::PathBuf;
 
@@ -62,8 +64,12 @@ pub enum ModelError {
     Tokenizer(String),
     #[error("sampling: {0}")]
     Sampling(String),
+    /// The CPU kernel path asked for cannot run here (`agentd_models`'
+    /// `CpuKernelsError`, converted there).
     #[error("CPU kernels: {0}")]
-    CpuKernels(#[from] crate::cpu_kernels::CpuKernelsError),
+    CpuKernels(String),
+    /// A tensor operation of the CPU backend failed.
+    #[cfg(feature = "candle")]
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
     /// A failure inside another backend's runner (e.g. the CUDA backend).
@@ -75,7 +81,8 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// An I/O failure on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ModelError::Io {
             path: path.into(),
             source,

@@ -8,6 +8,7 @@
 //! runner now hands over the forward's output tensor itself and the sampler
 //! reads its rows in place.
 
+#[cfg(feature = "candle")]
 use candle_core::{DType, Storage, Tensor};
 
 use crate::error::{ModelError, Result};
@@ -23,6 +24,7 @@ pub struct Logits {
 enum Store {
     Host(Vec<f32>),
     /// A contiguous CPU f32 tensor `[rows, vocab]`.
+    #[cfg(feature = "candle")]
     Tensor(Tensor),
 }
 
@@ -53,6 +55,7 @@ impl Logits {
 
     /// The CPU forward's `[rows, vocab]` output, kept as it is when it is a
     /// contiguous f32 tensor in host memory (converted once otherwise).
+    #[cfg(feature = "candle")]
     pub fn from_tensor(t: Tensor) -> Result<Self> {
         let (rows, vocab) = t.dims2()?;
         let t = t.to_dtype(DType::F32)?.contiguous()?;
@@ -87,6 +90,7 @@ impl Logits {
         let n = self.rows * self.vocab;
         match &self.store {
             Store::Host(v) => Ok(f(&v[..n])),
+            #[cfg(feature = "candle")]
             Store::Tensor(t) => {
                 let (storage, layout) = t.storage_and_layout();
                 let Storage::Cpu(cpu) = &*storage else {
@@ -114,10 +118,12 @@ impl Logits {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Tensor};
-
     use super::*;
 
+    #[cfg(feature = "candle")]
+    use candle_core::{Device, Tensor};
+
+    #[cfg(feature = "candle")]
     #[test]
     fn a_tensor_and_its_copy_lend_the_same_rows() {
         let data: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
@@ -132,6 +138,7 @@ mod tests {
         assert_eq!(from_t.with_flat(<[f32]>::to_vec).expect("flat"), data);
     }
 
+    #[cfg(feature = "candle")]
     #[test]
     fn a_narrowed_tensor_lends_only_its_own_rows() {
         let data: Vec<f32> = (0..20).map(|i| i as f32).collect();

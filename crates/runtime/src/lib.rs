@@ -1,0 +1,34 @@
+//! The runtime contract of agentd (docs/design.md §8): what every backend
+//! implements and what the engine and the server drive, with no kernels in
+//! it. `agentd-models` (the CPU families) and `agentd-cuda` implement it;
+//! the engine and the server depend on this crate only, and the binary
+//! wires a concrete backend in.
+//!
+//! - [`runner`]: [`StepRunner`] (one replica's model and cache, run step by
+//!   step), [`LoadedModel`] (a backend's weights) and [`WeightLoader`].
+//! - [`batch`]: the flattened batch one step runs on; [`logits`]: the
+//!   step's logits rows, lent to the sampler without a copy.
+//! - [`config`]: the model's `config.json` and `generation_config.json`.
+//! - [`tokenizer`]: tokenizer and streaming detokenizer.
+//! - [`memory`]: the memory regions a runner releases and resumes.
+//! - [`error`]: the one error type of every backend.
+//!
+//! [`BlockCopy`] (a copy between the KV tiers a runner carries out) is
+//! `agentd_kv`'s, re-exported here.
+
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod logits;
+pub mod memory;
+pub mod runner;
+pub mod tokenizer;
+
+pub use agentd_kv::BlockCopy;
+pub use batch::{BatchBuilder, BatchInput, LogitsFor};
+pub use config::{Family, GenerationConfig, ModelConfig, Qwen3Config, WeightDtype};
+pub use error::{ModelError, Result};
+pub use logits::Logits;
+pub use memory::MemoryTags;
+pub use runner::{LoadedModel, StepRunner, WeightLoader};
+pub use tokenizer::{IncrementalDecoder, Tokenizer};
