@@ -23,7 +23,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 /// The environment variable that forces a path.
-pub const ENV: &str = "AGENTD_CPU_KERNELS";
+pub const ENV: &str = agentd_runtime::sampling::CPU_KERNELS_ENV;
 
 /// A family of CPU kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -87,15 +87,6 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// Whether the process's path may run AVX2+FMA code (the sampler's kernels
-/// ask; true on the avx2 and avx512 paths only, so a forced `portable` path
-/// is portable throughout).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-pub(crate) fn has_avx2_fma() -> bool {
-    cpu_kernels::path().x86_avx2()
-}
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;

@@ -9,6 +9,10 @@
 //! - [`batch`]: the flattened batch one step runs on; [`logits`]: the
 //!   step's logits rows, lent to the sampler without a copy.
 //! - [`config`]: the model's `config.json` and `generation_config.json`.
+//! - [`sampling`]: one sequence's sampler ([`SequenceSampler`]: token
+//!   controls, penalties, top-k/p, min-p, seeded draws, stop conditions,
+//!   logprobs) and the structured-output grammars (JSON schema, Lark, tool
+//!   calls in the chat formats `agentd-chat` parses) it enforces.
 //! - [`tokenizer`]: tokenizer and streaming detokenizer.
 //! - [`memory`]: the memory regions a runner releases and resumes.
 //! - [`error`]: the one error type of every backend.
@@ -22,6 +26,7 @@ pub mod error;
 pub mod logits;
 pub mod memory;
 pub mod runner;
+pub mod sampling;
 pub mod tokenizer;
 
 pub use agentd_kv::BlockCopy;
@@ -31,4 +36,8 @@ pub use error::{ModelError, Result};
 pub use logits::Logits;
 pub use memory::MemoryTags;
 pub use runner::{LoadedModel, StepRunner, WeightLoader};
+pub use sampling::{
+    FinishReason, InvalidSampling, PromptLogprob, SampleOutput, SamplingParams, SequenceSampler,
+    TokenControls,
+};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

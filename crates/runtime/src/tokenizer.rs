@@ -64,7 +64,7 @@ impl Tokenizer {
     }
 
     /// The Hugging Face tokenizer itself (the grammar engine reads its vocabulary).
-    pub fn hf(&self) -> &tokenizers::Tokenizer {
+    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
 }

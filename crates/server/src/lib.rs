@@ -13,8 +13,8 @@
 //! - [`protocol`]: OpenAI wire types; [`sampling`]: request fields → engine
 //!   sampling parameters; [`program_id`]: which program a request belongs to.
 //! - [`structured`]: `response_format` and forced tool calls → the grammar
-//!   the sampler enforces; [`tool_grammar`]: tool calls as grammars in the
-//!   model's own format.
+//!   the sampler enforces (tool calls as grammars in the model's own format
+//!   are `agentd_runtime::sampling::tool_grammar`).
 //! - [`choices`]: `n` and prompt lists as engine requests (the first choice
 //!   is the program's turn), their streams merged; [`offload`]: template
 //!   rendering, tokenization and submission on the blocking pool.
@@ -49,7 +49,6 @@ pub mod stop;
 pub mod structured;
 pub mod tenant;
 pub mod tombstone;
-pub mod tool_grammar;
 
 pub use app::{router, serve, AppState, SetupError, SharedState};
 pub use error::ApiError;

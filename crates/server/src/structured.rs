@@ -10,7 +10,7 @@
 //! so what it writes is the answer the grammar shapes.
 //!
 //! Tool calls are constrained in the model's own format
-//! ([`crate::tool_grammar`]: Hermes for Qwen3, GLM-4.5's `<arg_key>` pairs):
+//! (`agentd_runtime::sampling::tool_grammar`: Hermes for Qwen3, GLM-4.5's `<arg_key>` pairs):
 //! `tool_choice` `required` or a named function forces one call, its
 //! arguments valid against the function's `parameters` (every forced tool,
 //! strict or not); under `auto` (or no `tool_choice`), a `strict: true` tool
@@ -22,12 +22,12 @@
 //! `OrFormat`). `tool_choice: none` constrains no call.
 
 use agentd_models::sampling::constraint::compact_layout;
+use agentd_models::sampling::tool_grammar::{self, Calls};
 use agentd_models::sampling::{Constraint, Grammar, GrammarCompiler};
 use serde_json::{json, Map, Value as Json};
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::tool_grammar::{self, Calls};
 
 /// The output format a request asks for.
 pub enum Format<'a> {
@@ -121,7 +121,10 @@ pub fn constraint(
         compact_layout(&mut schema);
         Some((schema, field))
     };
-    let calls = |calls| tool_grammar::grammar(state.output_format.tool, tools, calls);
+    let calls = |calls| {
+        tool_grammar::grammar(state.output_format.tool, tools, calls)
+            .map_err(|e| ApiError::invalid("tools", e.0))
+    };
     let (grammar, field, thinking) = if !forced.is_empty() {
         (
             Grammar::Lark(calls(Calls::Forced(&forced))?),

@@ -4,6 +4,24 @@
 //! (max, normaliser) also get an AVX2+FMA build selected at run time, since
 //! Rust targets baseline x86-64 (4-wide SSE2).
 
+/// The environment variable that forces the CPU kernel path
+/// (`agentd_models::cpu_kernels` reads the same name): `portable` keeps the
+/// sampler on its plain loops too, so a portable run is portable throughout.
+pub const CPU_KERNELS_ENV: &str = "AGENTD_CPU_KERNELS";
+
+/// Whether the AVX2+FMA forms run: the CPU has AVX2 and FMA and the process
+/// is not forced onto the portable path. Decided once.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2_fma() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| {
+        std::env::var(CPU_KERNELS_ENV).ok().as_deref() != Some("portable")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
 /// Elements per block of the normaliser pass: its per-block sums let the draw
 /// recompute the weights of one block (256 exps) instead of the row (~150k).
 pub(super) const BLOCK: usize = 256;
@@ -101,7 +119,7 @@ mod wide {
 /// Largest value of a row, ignoring NaN (-inf when there is none).
 pub(super) fn max(v: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
+    if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA (checked just above).
         return unsafe { wide::max(v) };
     }
@@ -112,7 +130,7 @@ pub(super) fn max(v: &[f32]) -> f32 {
 /// partial sums in `blocks` for [`draw`]. `m` must be the row's max.
 pub(super) fn block_sums(row: &[f32], m: f32, inv_t: f32, blocks: &mut Vec<f32>) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
+    if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA (checked just above).
         return unsafe { wide::block_sums(row, m, inv_t, blocks) };
     }
@@ -197,6 +215,31 @@ mod tests {
         assert_eq!(argmax(&v), 900);
         assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), 2);
         assert_eq!(argmax(&[f32::NAN]), 0);
+    }
+
+    /// The AVX2+FMA builds are the portable code compiled for wider
+    /// vectors (no reassociation), so both give the same bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn wide_and_portable_passes_agree_bit_for_bit() {
+        if !has_avx2_fma() {
+            return;
+        }
+        let row: Vec<f32> = (0..7_001)
+            .map(|i| ((i as f32) * 0.61).cos() * 6.0)
+            .collect();
+        let m = max_portable(&row);
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        assert_eq!(unsafe { wide::max(&row) }.to_bits(), m.to_bits());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let za = block_sums_portable(&row, m, 0.8, &mut a);
+        // SAFETY: as above.
+        let zb = unsafe { wide::block_sums(&row, m, 0.8, &mut b) };
+        assert_eq!(za.to_bits(), zb.to_bits());
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     #[test]

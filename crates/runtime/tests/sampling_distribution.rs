@@ -4,7 +4,7 @@
 //! per configuration at α ≈ 1e-6, with every token outside the support never
 //! drawn. The seeds are fixed, so the test is deterministic.
 
-use agentd_models::{SamplingParams, SequenceSampler};
+use agentd_runtime::{SamplingParams, SequenceSampler};
 
 /// Draws per configuration, one per seed.
 const DRAWS: u64 = 12_000;

@@ -15,6 +15,7 @@ mod penalties;
 mod prompt;
 mod select;
 mod token_env;
+pub mod tool_grammar;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -26,7 +27,7 @@ use penalties::Penalties;
 
 pub use constraint::{Constraint, Grammar, GrammarCompiler};
 pub use controls::{TokenControls, MAX_LOGIT_BIAS};
-pub use kernels::argmax;
+pub use kernels::{argmax, CPU_KERNELS_ENV};
 pub use params::{InvalidSampling, SamplingParams, MAX_ADDITIVE_PENALTY, MAX_LOGPROBS};
 pub use prompt::{prompt_logprob, PromptLogprob};
 pub use select::top_k_pairs;

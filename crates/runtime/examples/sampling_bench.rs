@@ -3,7 +3,7 @@
 //! sampler it replaced (kept below only as this baseline), in the same run.
 //!
 //! ```text
-//! cargo run --release -p agentd-models --example sampling_bench
+//! cargo run --release -p agentd-runtime --example sampling_bench
 //! ```
 //!
 //! Two logit shapes: `peaked` (N(0, 2²) plus 20 tokens boosted by 12..16, so
@@ -13,8 +13,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use agentd_models::sampling::log_softmax;
-use agentd_models::{SamplingParams, SequenceSampler};
+use agentd_runtime::sampling::log_softmax;
+use agentd_runtime::{SamplingParams, SequenceSampler};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};

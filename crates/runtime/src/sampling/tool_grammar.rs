@@ -22,10 +22,15 @@
 
 use agentd_chat::glm45_format::{value_types, KEY_END, KEY_START, VALUE_END, VALUE_START};
 use agentd_chat::{ToolParser, THINK_END, TOOL_CALL_END, TOOL_CALL_START};
-use agentd_models::sampling::constraint::compact_layout;
 use serde_json::{json, Value as Json};
 
-use crate::error::ApiError;
+use super::constraint::compact_layout;
+
+/// A tool whose parameters no grammar of its format can express: the
+/// client's `tools` field is at fault (the server answers 400 naming it).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolSchemaError(pub String);
 
 /// What a tool-call grammar allows.
 pub enum Calls<'a> {
@@ -41,7 +46,11 @@ pub enum Calls<'a> {
 
 /// The Lark grammar (llguidance's dialect) of `calls` to `tools` (OpenAI
 /// chat tools) in `format`.
-pub fn grammar(format: ToolParser, tools: &[Json], calls: Calls<'_>) -> Result<String, ApiError> {
+pub fn grammar(
+    format: ToolParser,
+    tools: &[Json],
+    calls: Calls<'_>,
+) -> Result<String, ToolSchemaError> {
     let (callable, pinned): (Vec<usize>, Vec<bool>) = match &calls {
         Calls::Forced(forced) => (forced.to_vec(), vec![true; forced.len()]),
         Calls::Auto { strict } | Calls::CallOrJson { strict, .. } => (
@@ -118,7 +127,7 @@ fn glm45_body(
     callable: &[usize],
     pinned: &[bool],
     g: &mut String,
-) -> Result<(), ApiError> {
+) -> Result<(), ToolSchemaError> {
     let mut alts = Vec::with_capacity(callable.len());
     for (&i, &pin) in callable.iter().zip(pinned) {
         let head = lit(&format!("{}\n", name(&tools[i])));
@@ -148,12 +157,11 @@ fn glm45_body(
 
 /// The argument pairs of tool `i`'s `params`, in declared order (required
 /// keys always, the others optional), as a rule body; value rules go to `g`.
-fn glm45_pairs(i: usize, params: &Json, g: &mut String) -> Result<String, ApiError> {
+fn glm45_pairs(i: usize, params: &Json, g: &mut String) -> Result<String, ToolSchemaError> {
     let field = |what: &str| {
-        ApiError::invalid(
-            "tools",
-            format!("tools[{i}].function.parameters: {what} (GLM-4.5 tool calls)"),
-        )
+        ToolSchemaError(format!(
+            "tools[{i}].function.parameters: {what} (GLM-4.5 tool calls)"
+        ))
     };
     let top = params
         .as_object()
@@ -371,16 +379,7 @@ mod tests {
             let t =
                 vec![json!({"type": "function", "function": {"name": "f", "parameters": params}})];
             let e = grammar(ToolParser::Glm45, &t, Calls::Forced(&[0])).unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    ApiError::InvalidParam {
-                        param: Some("tools"),
-                        ..
-                    }
-                ),
-                "{e:?}"
-            );
+            assert!(e.0.starts_with("tools[0].function.parameters: "), "{e:?}");
         }
     }
 
