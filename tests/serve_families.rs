@@ -146,7 +146,7 @@ fn script_of(dir: &std::path::Path, text: &str) -> Vec<u32> {
         dir.join("tokenizer.json"),
     )
     .unwrap();
-    let tok = agentd_models::Tokenizer::from_dir(dir).unwrap();
+    let tok = agentd_runtime::Tokenizer::from_dir(dir).unwrap();
     let mut script = vec![198]; // "\n": the generation prompt's last token
     script.extend(tok.encode(text, false).unwrap());
     script.push(151645); // <|im_end|>: EOS
@@ -319,7 +319,7 @@ fn serve_strict_tools_under_auto_enforce_the_calls_the_model_starts() {
         dir.path().join("tokenizer.json"),
     )
     .unwrap();
-    let tok = agentd_models::Tokenizer::from_dir(dir.path()).unwrap();
+    let tok = agentd_runtime::Tokenizer::from_dir(dir.path()).unwrap();
     let mut script = vec![198]; // "\n": the generation prompt's last token
     script.extend(tok.encode("</think>ok<tool_call>", false).unwrap());
     scripted_glm45(dir.path(), &script);

@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use agentd_models::{LoadDtype, ModelConfig};
+use agentd_models::LoadDtype;
+use agentd_runtime::ModelConfig;
 use agentd_scheduler::PolicyKind;
 
 use super::generation::Defaults;

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use agentd_models::loader::checkpoint_files;
-use agentd_models::sampling::argmax;
-use agentd_models::{BatchBuilder, Family, LogitsFor, Model};
+use agentd_models::Model;
+use agentd_runtime::sampling::argmax;
+use agentd_runtime::{BatchBuilder, Family, LogitsFor};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::{qwen3 as stock, qwen3_moe as stock_moe};

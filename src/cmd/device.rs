@@ -23,7 +23,7 @@ pub fn start_cuda(
 
     use agentd_cuda::{Dtype, Gpu, GpuQwen3, GpuRunner};
     use agentd_models::loader::Weights;
-    use agentd_models::{ModelConfig, StepRunner, WeightDtype};
+    use agentd_runtime::{ModelConfig, StepRunner, WeightDtype};
     use anyhow::Context;
 
     let mc = ModelConfig::from_dir(model_dir)
@@ -98,7 +98,7 @@ fn profile_step(
     model: &std::sync::Arc<agentd_cuda::GpuQwen3>,
     cfg: &EngineConfig,
 ) -> Result<u64> {
-    use agentd_models::{BatchBuilder, LogitsFor, StepRunner};
+    use agentd_runtime::{BatchBuilder, LogitsFor, StepRunner};
 
     let c = model.config();
     let tokens = cfg

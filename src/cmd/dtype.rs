@@ -29,7 +29,7 @@ fn parse_dtype(s: &str) -> Result<LoadDtype, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentd_models::WeightDtype;
+    use agentd_runtime::WeightDtype;
 
     #[test]
     fn vllm_names() {

@@ -5,9 +5,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use agentd_models::sampling::FinishReason;
-use agentd_models::{
-    BatchBuilder, IncrementalDecoder, LogitsFor, Model, SamplingParams, SequenceSampler, Tokenizer,
+use agentd_models::Model;
+use agentd_runtime::{
+    BatchBuilder, FinishReason, IncrementalDecoder, LogitsFor, SamplingParams, SequenceSampler,
+    Tokenizer,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use agentd_models::{GenerationConfig, SamplingParams};
+use agentd_runtime::{GenerationConfig, SamplingParams};
 use anyhow::{bail, Result};
 
 /// The defaults and what set them (for the start log and banner).

@@ -56,7 +56,7 @@ pub struct KvArgs<'a> {
 
 /// The pool size per replica; `space` is `VLLM_CPU_KVCACHE_SPACE` as read.
 pub fn plan(a: &KvArgs<'_>, space: Option<&str>) -> Result<KvPlan> {
-    let mc = agentd_models::ModelConfig::from_dir(a.model_dir)
+    let mc = agentd_runtime::ModelConfig::from_dir(a.model_dir)
         .with_context(|| format!("reading {}", a.model_dir.display()))?;
     // The CPU cache holds f32, the CUDA cache 16-bit values.
     let shrink = if a.cuda { 2 } else { 1 };

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use agentd_models::config::WeightDtype;
 use agentd_models::synth::{write_random_model, ModelCard};
+use agentd_runtime::WeightDtype;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 

@@ -17,7 +17,7 @@ pub enum CudaError {
     #[error("unsupported on the CUDA backend: {0}")]
     Unsupported(String),
     #[error(transparent)]
-    Model(#[from] agentd_models::ModelError),
+    Model(#[from] agentd_runtime::ModelError),
 }
 
 pub type Result<T> = std::result::Result<T, CudaError>;

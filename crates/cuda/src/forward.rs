@@ -3,7 +3,8 @@
 //! on the one stream, and the logits of the rows that asked for them stay on
 //! the device until the caller downloads them.
 
-use agentd_models::{BatchInput, KvCacheConfig, ModelError};
+use agentd_models::KvCacheConfig;
+use agentd_runtime::{BatchInput, ModelError};
 
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};

@@ -2,7 +2,7 @@
 //! (paged decode and prefill attention, cache write and block copy, fused
 //! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul), cuBLAS for the
 //! dense layers, and Qwen3 on the GPU over a caller-owned paged KV cache with
-//! the same [`agentd_models::BatchInput`] as the CPU runtime.
+//! the same [`agentd_runtime::BatchInput`] as the CPU runtime.
 //!
 //! - [`plan`]: host-side launch planning (split-K partitions, prefill tiles,
 //!   RoPE tables, shape limits). Pure, always built, tested in CI.

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use agentd_models::layers::{inv_freq, to_f32_vec};
 use agentd_models::loader::Weights;
-use agentd_models::{KvCacheConfig, Qwen3Config};
+use agentd_models::KvCacheConfig;
+use agentd_runtime::Qwen3Config;
 
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
@@ -87,7 +88,7 @@ pub struct GpuQwen3 {
 }
 
 fn check_config(cfg: &Qwen3Config) -> Result<()> {
-    if cfg.family != agentd_models::Family::Qwen3 {
+    if cfg.family != agentd_runtime::Family::Qwen3 {
         return Err(CudaError::Unsupported(format!(
             "model_type {} (the CUDA backend runs qwen3 only; serve it with --device cpu)",
             cfg.family

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use agentd_models::{BatchInput, Logits, ModelError, StepRunner};
+use agentd_runtime::{BatchInput, Logits, ModelError, StepRunner};
 
 use crate::error::CudaError;
 use crate::model::{GpuKvCache, GpuQwen3};
@@ -37,7 +37,7 @@ fn to_model_error(e: CudaError) -> ModelError {
 }
 
 impl StepRunner for GpuRunner {
-    fn step(&mut self, batch: &BatchInput) -> agentd_models::Result<Logits> {
+    fn step(&mut self, batch: &BatchInput) -> agentd_runtime::Result<Logits> {
         let flat = self
             .model
             .forward(batch, &mut self.cache)

@@ -6,7 +6,7 @@
 //! tested without a GPU.
 
 use agentd_models::loader::Weights;
-use agentd_models::WeightDtype;
+use agentd_runtime::WeightDtype;
 
 use crate::error::Result;
 use crate::plan::Dtype;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use agentd_cuda::{Dtype, Gpu, GpuQwen3, Result};
 use agentd_models::loader::Weights;
-use agentd_models::{BatchBuilder, LogitsFor, Qwen3Config, Qwen3Model};
+use agentd_models::Qwen3Model;
+use agentd_runtime::{BatchBuilder, LogitsFor, Qwen3Config};
 use serde_json::Value;
 
 use crate::{rel_l2, Report};
@@ -109,7 +110,7 @@ pub fn run(gpu: &Arc<Gpu>, fixtures: &Path, report: &mut Report) -> Result<()> {
                         .forward(&batch, &mut ccache)?
                         .flatten_all()
                         .and_then(|t| t.to_vec1::<f32>())
-                        .map_err(agentd_models::ModelError::from)?;
+                        .map_err(agentd_runtime::ModelError::from)?;
                     worst_cpu = worst_cpu.max(rel_l2(&g, &c));
                     let v = cfg.vocab_size;
                     let last = &g[g.len() - v..];

@@ -6,7 +6,8 @@ use agentd_cuda::plan::{block_table_matrix, prefill_tiles, rope_table, AttnShape
 use agentd_cuda::{Dtype, Gpu, Result};
 use agentd_models::attention::{paged_attention, AttentionShape};
 use agentd_models::layers::{head_norm_rope, rms_norm, silu_mul_in_place, RopeBatch, RopeStyle};
-use agentd_models::{BatchInput, KvCacheConfig, PagedKvCache};
+use agentd_models::{KvCacheConfig, PagedKvCache};
+use agentd_runtime::BatchInput;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use agentd_cuda::{Dtype, Gpu, GpuQwen3, Result};
 use agentd_models::synth::ModelCard;
-use agentd_models::{BatchBuilder, LogitsFor};
+use agentd_runtime::{BatchBuilder, LogitsFor};
 
 use crate::Report;
 
