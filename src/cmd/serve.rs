@@ -380,8 +380,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
     state.model_root = model.root.clone();
     state.rl.set_model_path(model.root.clone());
     state.sampling_defaults = defaults.params.clone();
-    // `/update_weights_from_disk` loads new weights as the first ones were.
-    state.weights_dtype = args.dtype.dtype;
     // vLLM's dev-mode routes (/pause, /sleep, /wake_up, ...) behind its switch.
     state.dev_mode =
         agentd_server::routes::vllm_dev::dev_mode_from_env().map_err(anyhow::Error::msg)?;

@@ -1,7 +1,7 @@
 //! What the engine offers its callers (the HTTP server, tests, benchmarks):
 //! requests in, token events out. Nothing here knows about HTTP or blocks.
 
-use agentd_models::{InvalidSampling, SamplingParams};
+use agentd_runtime::{InvalidSampling, SamplingParams};
 
 /// One generation request of a program. The default is an empty one-off
 /// request with default sampling: no program, group, tool, salt or parent.
@@ -52,7 +52,7 @@ pub(crate) fn name_hash(s: &str) -> u64 {
 
 /// Why a request stopped: the sampler's own enum (one finish reason from
 /// the sampler to the HTTP response), re-exported here.
-pub use agentd_models::FinishReason;
+pub use agentd_runtime::FinishReason;
 
 /// Token counts of one finished request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -72,12 +72,12 @@ pub struct TokenEvent {
     /// Top alternatives `(token, logprob)`, best first.
     pub top: Vec<(u32, f32)>,
     /// The token ended the request as a stop token id or EOS (see
-    /// [`agentd_models::SampleOutput::stop_token`]).
+    /// [`agentd_runtime::SampleOutput::stop_token`]).
     pub stop_token: bool,
     /// On the request's first token, when it asked for them: the prompt's
     /// logprobs, entry `j` for prompt token `j + 1` (vLLM sends them with
     /// the first output too).
-    pub prompt_logprobs: Option<Vec<agentd_models::PromptLogprob>>,
+    pub prompt_logprobs: Option<Vec<agentd_runtime::PromptLogprob>>,
 }
 
 /// What a request's stream carries.

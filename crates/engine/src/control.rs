@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentd_kv::ProgramId;
-use agentd_models::{LoadedModel, MemoryTags, ModelConfig, StepRunner};
+use agentd_runtime::{LoadedModel, MemoryTags, ModelConfig, StepRunner};
 
 use crate::core::Core;
 use crate::engine::Engine;
@@ -116,7 +116,7 @@ pub(crate) enum RunnerOp {
 }
 
 impl RunnerOp {
-    pub(crate) fn apply(self, runner: &mut dyn StepRunner) -> agentd_models::Result<()> {
+    pub(crate) fn apply(self, runner: &mut dyn StepRunner) -> agentd_runtime::Result<()> {
         match self {
             Self::Weights(model) => runner.swap_model(model),
             Self::Release(tags) => runner.release_memory(tags),
@@ -262,7 +262,7 @@ impl Core {
             .collect();
         let any = !cancelled.is_empty();
         for p in cancelled {
-            self.finish(p, agentd_models::FinishReason::Cancelled);
+            self.finish(p, agentd_runtime::FinishReason::Cancelled);
         }
         any
     }

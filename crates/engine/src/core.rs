@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentd_kv::{BlockCopy, ProgramId};
-use agentd_models::{SampleOutput, SequenceSampler};
+use agentd_runtime::{SampleOutput, SequenceSampler};
 use agentd_scheduler::{build_policy, Contexts, GroupId, ReplicaSet, Step, ToolId};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::debug;

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use agentd_models::{CpuRunner, Model, ModelConfig, ModelError, SequenceSampler, StepRunner};
+use agentd_runtime::{
+    LoadedModel, ModelConfig, ModelError, SequenceSampler, StepRunner, WeightLoader,
+};
 use agentd_scheduler::{GroupId, ToolId};
 use tokio::sync::mpsc;
 use tracing::info;
@@ -37,6 +39,9 @@ struct Inner {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     config: ModelConfig,
+    /// Loads weight updates as the serving weights were loaded; `None`
+    /// when the engine was started from bare runners.
+    loader: Option<Arc<dyn WeightLoader>>,
     max_model_len: usize,
     max_waiting: usize,
 }
@@ -140,39 +145,41 @@ impl Drop for RequestStream {
 }
 
 impl Engine {
-    /// Loads the model from a Hugging Face directory and starts one worker per replica.
-    pub fn start(model_dir: &Path, cfg: EngineConfig) -> Result<Self, StartError> {
-        info!(dir = %model_dir.display(), "loading model");
-        let model = Model::load(model_dir)?;
-        Self::with_model(Arc::new(model), cfg)
-    }
-
-    /// Starts on the CPU runtime: one [`CpuRunner`] per replica, the cores
-    /// split between them unless `threads_per_replica` says otherwise.
-    pub fn with_model(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, StartError> {
+    /// Starts on `model`'s backend: one runner per replica (the cores split
+    /// between them unless `threads_per_replica` says otherwise), and
+    /// later weights ([`Engine::load_weights`]) loaded as `model` was.
+    pub fn with_model(model: Arc<dyn LoadedModel>, cfg: EngineConfig) -> Result<Self, StartError> {
         let threads_each = cfg.threads_each();
         let runners = (0..cfg.replicas)
             .map(|r| {
-                let runner = CpuRunner::new(
-                    model.clone(),
+                model.clone().runner(
+                    &format!("agentd-r{r}"),
                     cfg.num_blocks,
                     cfg.block_size,
                     threads_each,
-                    &format!("agentd-r{r}"),
-                )?;
-                Ok(Box::new(runner) as Box<dyn StepRunner>)
+                )
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        Self::with_runners(model.config().clone(), runners, cfg)
+        Self::start(model.config().clone(), runners, cfg, Some(model.loader()))
     }
 
     /// Starts one worker per runner (`cfg.replicas` of them, each with a
     /// cache of `cfg.num_blocks` blocks of `cfg.block_size` tokens): the
-    /// CPU runtime, the CUDA backend, or any other [`StepRunner`].
+    /// CPU runtime, the CUDA backend, or any other [`StepRunner`]. Such an
+    /// engine loads no weights ([`Engine::load_weights`] refuses).
     pub fn with_runners(
         mc: ModelConfig,
         runners: Vec<Box<dyn StepRunner>>,
         cfg: EngineConfig,
+    ) -> Result<Self, StartError> {
+        Self::start(mc, runners, cfg, None)
+    }
+
+    fn start(
+        mc: ModelConfig,
+        runners: Vec<Box<dyn StepRunner>>,
+        cfg: EngineConfig,
+        loader: Option<Arc<dyn WeightLoader>>,
     ) -> Result<Self, StartError> {
         cfg.scheduler.validate().map_err(StartError::Config)?;
         if cfg.replicas == 0
@@ -234,6 +241,7 @@ impl Engine {
                 shared,
                 threads: Mutex::new(threads),
                 config: mc,
+                loader,
                 max_model_len: max_len,
                 max_waiting: cfg.max_waiting,
             }),
@@ -403,6 +411,20 @@ impl Engine {
 
     pub fn model_config(&self) -> &ModelConfig {
         &self.inner.config
+    }
+
+    /// Loads the checkpoint in `dir` the way the serving weights were
+    /// loaded (backend, dtype), for [`Engine::swap_weights`] or
+    /// [`Engine::resume_memory`]. Runs on the caller's thread, off the
+    /// engine lock.
+    pub fn load_weights(&self, dir: &Path) -> Result<Arc<dyn LoadedModel>, ModelError> {
+        match &self.inner.loader {
+            Some(l) => l.load(dir),
+            None => Err(ModelError::Backend {
+                backend: "engine",
+                message: "started from bare runners: no weight loader for this backend".into(),
+            }),
+        }
     }
 
     /// Stops the workers after their current step; later submissions fail.

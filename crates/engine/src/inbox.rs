@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use agentd_models::SequenceSampler;
+use agentd_runtime::SequenceSampler;
 use agentd_scheduler::{GroupId, ToolId};
 use tokio::sync::mpsc::UnboundedSender;
 

@@ -36,7 +36,7 @@ mod step;
 mod trace;
 mod worker;
 
-pub use agentd_models::MemoryTags;
+pub use agentd_runtime::MemoryTags;
 pub use api::{
     EndReason, EngineError, Event, FinishReason, GenerateRequest, GroupTag, ProgramEnded,
     ProgramStatus, TokenEvent, Usage,

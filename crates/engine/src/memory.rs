@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use agentd_models::{LoadedModel, MemoryTags};
+use agentd_runtime::{LoadedModel, MemoryTags};
 
 use crate::control::{ControlError, RunnerOp};
 use crate::engine::Engine;

@@ -1,7 +1,7 @@
 //! vLLM's `prompt_logprobs` in the engine: what a request accumulates while
 //! its prefill computes them, and what one planned chunk scores.
 
-use agentd_models::PromptLogprob;
+use agentd_runtime::PromptLogprob;
 
 /// A request's prompt logprobs as its prefill computes them.
 pub(crate) struct PromptLp {

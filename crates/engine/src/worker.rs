@@ -5,8 +5,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agentd_kv::BlockCopy;
-use agentd_models::sampling::prompt_logprob;
-use agentd_models::{BatchBuilder, Logits, LogitsFor, StepRunner};
+use agentd_runtime::sampling::prompt_logprob;
+use agentd_runtime::{BatchBuilder, Logits, LogitsFor, StepRunner};
 use rayon::prelude::*;
 use tracing::{error, info, warn};
 
@@ -476,7 +476,7 @@ enum Next {
 /// Runs the model on the planned batch, in plan order: one logits row per
 /// sequence that samples, or one per new token for a chunk that scores
 /// prompt positions ([`SeqPlan::prompt`]).
-fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_models::Result<Logits> {
+fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_runtime::Result<Logits> {
     let mut b = BatchBuilder::new(runner.block_size());
     for s in plan {
         let logits = if s.prompt.is_some() {
@@ -503,7 +503,7 @@ fn sample(
     logits: &Logits,
     eos: &[u32],
     pool: Option<&rayon::ThreadPool>,
-) -> agentd_models::Result<Vec<Option<Sampled>>> {
+) -> agentd_runtime::Result<Vec<Option<Sampled>>> {
     let vocab = logits.vocab().max(1);
     logits.with_flat(|flat| {
         let mut outs: Vec<Option<Sampled>> = plan.iter().map(|_| None).collect();
@@ -553,7 +553,7 @@ fn score_prompt(p: &mut PromptRows, chunk: &[&[f32]], pool: Option<&rayon::Threa
 }
 
 type Job<'a> = (
-    &'a mut agentd_models::SequenceSampler,
+    &'a mut agentd_runtime::SequenceSampler,
     &'a [f32],
     &'a mut Option<Sampled>,
 );

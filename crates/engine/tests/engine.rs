@@ -4,12 +4,14 @@
 //! cancellation, release, bad input.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentd_engine::{
     Engine, EngineConfig, EngineError, Event, FinishReason, GenerateRequest, Usage,
 };
-use agentd_models::SamplingParams;
+use agentd_models::Model;
+use agentd_runtime::SamplingParams;
 use agentd_scheduler::{PolicyKind, SchedulerConfig};
 
 fn fixture(name: &str) -> PathBuf {
@@ -62,7 +64,11 @@ fn engine_with_host(policy: PolicyKind, num_blocks: usize, host_blocks: usize) -
         host_blocks,
         ..EngineConfig::default()
     };
-    Engine::start(&fixture("gqa2-untied"), cfg).expect("engine starts")
+    Engine::with_model(
+        Arc::new(Model::load(&fixture("gqa2-untied")).expect("model")),
+        cfg,
+    )
+    .expect("engine starts")
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
@@ -257,8 +263,8 @@ fn bad_requests_are_refused_with_a_reason() {
             max: 128
         }
     ));
-    let capped = Engine::start(
-        &fixture("gqa2-untied"),
+    let capped = Engine::with_model(
+        Arc::new(Model::load(&fixture("gqa2-untied")).expect("model")),
         EngineConfig {
             max_model_len: Some(64),
             ..EngineConfig::default()
@@ -292,8 +298,8 @@ fn the_window_is_capped_by_the_pool_not_refused() {
     );
     assert_eq!((out.len(), reason), (12, FinishReason::Length));
     // An explicit window the pool cannot hold is an error naming both.
-    let err = Engine::start(
-        &fixture("gqa2-untied"),
+    let err = Engine::with_model(
+        Arc::new(Model::load(&fixture("gqa2-untied")).expect("model")),
         EngineConfig {
             num_blocks: 2,
             max_model_len: Some(64),
@@ -313,7 +319,11 @@ fn overload_gets_back_pressure() {
         max_waiting: 2,
         ..EngineConfig::default()
     };
-    let e = Engine::start(&fixture("gqa2-untied"), cfg).expect("starts");
+    let e = Engine::with_model(
+        Arc::new(Model::load(&fixture("gqa2-untied")).expect("model")),
+        cfg,
+    )
+    .expect("starts");
     let mut held = Vec::new();
     let mut refused = None;
     for i in 0..20 {
@@ -340,7 +350,11 @@ fn two_replicas_share_one_queue_and_match_greedy() {
         threads_per_replica: Some(1),
         ..EngineConfig::default()
     };
-    let e = Engine::start(&fixture("gqa2-untied"), cfg).expect("engine starts");
+    let e = Engine::with_model(
+        Arc::new(Model::load(&fixture("gqa2-untied")).expect("model")),
+        cfg,
+    )
+    .expect("engine starts");
     let cases = golden("gqa2-untied");
     let streams: Vec<_> = cases
         .iter()

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use agentd_engine::{Engine, EngineConfig, Event, GenerateRequest, KvEventSink};
 use agentd_kv::hash::hash_blocks;
 use agentd_kv::{BlockHash, KvEvent};
-use agentd_models::SamplingParams;
+use agentd_models::Model;
+use agentd_runtime::SamplingParams;
 
 const BS: usize = 4;
 
@@ -35,7 +36,11 @@ fn engine(replicas: usize, num_blocks: usize) -> (Engine, Log) {
     };
     let dir =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/gqa2-untied");
-    (Engine::start(&dir, cfg).expect("engine starts"), log)
+    (
+        Engine::with_model(Arc::new(Model::load(&dir).expect("model")), cfg)
+            .expect("engine starts"),
+        log,
+    )
 }
 
 fn generate(e: &Engine, program: &str, prompt: Vec<u32>, final_request: bool) -> Vec<u32> {

@@ -4,10 +4,12 @@
 //! ends with the program.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use agentd_engine::{Engine, EngineConfig, Event, FinishReason, GenerateRequest, RequestStream};
-use agentd_models::SamplingParams;
+use agentd_models::Model;
+use agentd_runtime::SamplingParams;
 
 fn engine() -> Engine {
     let dir =
@@ -18,7 +20,7 @@ fn engine() -> Engine {
         max_num_batched_tokens: 256,
         ..EngineConfig::default()
     };
-    Engine::start(&dir, cfg).expect("engine starts")
+    Engine::with_model(Arc::new(Model::load(&dir).expect("model")), cfg).expect("engine starts")
 }
 
 fn submit(

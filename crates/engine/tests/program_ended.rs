@@ -3,10 +3,12 @@
 //! reclaim what they tied to it; one-off programs are not announced.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentd_engine::{EndReason, Engine, EngineConfig, Event, GenerateRequest, ProgramEnded};
-use agentd_models::SamplingParams;
+use agentd_models::Model;
+use agentd_runtime::SamplingParams;
 use agentd_scheduler::SchedulerConfig;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -23,7 +25,7 @@ fn engine(lease_s: f64) -> Engine {
         },
         ..EngineConfig::default()
     };
-    Engine::start(&dir, cfg).expect("engine starts")
+    Engine::with_model(Arc::new(Model::load(&dir).expect("model")), cfg).expect("engine starts")
 }
 
 /// Runs one request to its end.

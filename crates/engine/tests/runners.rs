@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use agentd_engine::{Engine, EngineConfig, Event, FinishReason, GenerateRequest, StartError};
-use agentd_models::{BatchInput, CpuRunner, Logits, Model, ModelError, SamplingParams, StepRunner};
+use agentd_models::{CpuRunner, Model};
+use agentd_runtime::{BatchInput, Logits, ModelError, SamplingParams, StepRunner};
 
 fn model() -> Arc<Model> {
     let dir =
@@ -33,7 +34,7 @@ struct FlakyRunner {
 }
 
 impl StepRunner for FlakyRunner {
-    fn step(&mut self, batch: &BatchInput) -> agentd_models::Result<Logits> {
+    fn step(&mut self, batch: &BatchInput) -> agentd_runtime::Result<Logits> {
         if self.steps.fetch_add(1, Ordering::SeqCst) == self.fail_at {
             return Err(ModelError::Backend {
                 backend: "test",

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use agentd_engine::{Engine, EngineConfig, Event, GenerateRequest, PauseMode, TRACE_TARGET};
-use agentd_models::SamplingParams;
+use agentd_models::Model;
+use agentd_runtime::SamplingParams;
 use agentd_scheduler::{PolicyKind, SchedulerConfig};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -216,7 +217,8 @@ fn a_multi_turn_programs_trace_shows_queue_admission_pauses_and_steps() {
         },
         ..EngineConfig::default()
     };
-    let e = Engine::start(&fixture(), cfg).expect("engine starts");
+    let e = Engine::with_model(Arc::new(Model::load(&fixture()).expect("model")), cfg)
+        .expect("engine starts");
     run_programs(&e);
     let m = e.snapshot_blocking().metrics.clone();
     retract_one(&e);

@@ -1,8 +1,8 @@
-//! Model runtimes for agentd (docs/design.md §8) on the CPU over a paged KV cache
-//! that the caller owns: Qwen3, GLM-4-0414, Qwen3-MoE and GLM-4.5 MoE.
+//! The CPU backend of agentd (docs/design.md §8): model runtimes over a
+//! paged KV cache that the caller owns, for Qwen3, GLM-4-0414, Qwen3-MoE
+//! and GLM-4.5 MoE, implementing `agentd_runtime`'s contract.
 //!
-//! - [`config`]: `config.json` (the [`config::Family`]); [`loader`]:
-//!   memory-mapped safetensors.
+//! - [`loader`]: memory-mapped safetensors.
 //! - [`model`]: the decoder every family shares, dispatching on the family;
 //!   one file per family for its layers: [`qwen3`], [`glm4`], [`qwen3_moe`],
 //!   [`glm4_moe`].
@@ -10,13 +10,14 @@
 //!   [`router`] (mixture of experts), [`layers`] (linear, norms, RoPE).
 //! - [`cpu_kernels`]: which vectorised kernel family (AVX-512, AVX2, NEON,
 //!   portable) runs, chosen once at start (`AGENTD_CPU_KERNELS` forces one).
-//! - [`batch`]: the flattened batch metadata; [`attention`]: the paged cache
-//!   and the CPU paged attention kernel.
-//! - [`runner`]: [`StepRunner`], a model bound to one replica's cache (what
-//!   the engine runs each step), and its CPU implementation.
-//! - [`sampling`]: next-token selection and logprobs; [`tokenizer`]:
-//!   tokenizer and streaming detokenizer.
+//! - [`attention`]: the paged cache and the CPU paged attention kernel.
+//! - [`runner`]: [`CpuRunner`], the [`StepRunner`] of one replica, and
+//!   [`Model`] as the runtime's [`LoadedModel`].
 //! - [`synth`]: deterministic random-weight checkpoints (`agentd make-model`).
+//!
+//! [`config`], [`batch`], [`logits`], [`error`], [`sampling`] and
+//! [`tokenizer`] are `agentd_runtime`'s, re-exported here at their old
+//! paths.
 
 pub mod attention;
 pub mod cpu_kernels;

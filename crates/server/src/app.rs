@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use agentd_chat::{ChatTemplate, OutputFormat, UnknownParser};
 use agentd_engine::{Engine, ProgramEnded};
-use agentd_models::sampling::GrammarCompiler;
-use agentd_models::{SamplingParams, Tokenizer};
+use agentd_runtime::sampling::GrammarCompiler;
+use agentd_runtime::{SamplingParams, Tokenizer};
 use agentd_tools::{Tools, ToolsConfig};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -92,9 +92,6 @@ pub struct AppState {
     pub sampling_defaults: SamplingParams,
     /// The RL trainer surfaces' state: weight version, `rid`s in flight.
     pub rl: Arc<crate::rl::RlState>,
-    /// The dtype `/update_weights_from_disk` loads new weights in (`--dtype`;
-    /// the logits do not depend on it, only the memory does).
-    pub weights_dtype: agentd_models::LoadDtype,
     /// vLLM's dev-mode routes are served (`VLLM_SERVER_DEV_MODE=1`;
     /// `routes::vllm_dev`).
     pub dev_mode: bool,
@@ -107,7 +104,7 @@ pub enum SetupError {
     #[error("cannot load the tokenizer of {dir}: {source}")]
     Tokenizer {
         dir: String,
-        source: agentd_models::ModelError,
+        source: agentd_runtime::ModelError,
     },
     #[error("cannot load the chat template of {dir}: {source}")]
     Template {
@@ -213,7 +210,6 @@ impl AppState {
             grammar,
             sampling_defaults: SamplingParams::default(),
             rl: Arc::new(crate::rl::RlState::new(dir.clone())),
-            weights_dtype: agentd_models::LoadDtype::Auto,
             dev_mode: false,
         })
     }

@@ -2,7 +2,7 @@
 //! (`logit_bias`, `allowed_token_ids`, `bad_words`, `min_tokens`), plus
 //! `truncate_prompt_tokens` on the prompt, each refusal naming its field.
 
-use agentd_models::{TokenControls, Tokenizer};
+use agentd_runtime::{TokenControls, Tokenizer};
 
 use crate::error::ApiError;
 use crate::protocol::CommonParams;

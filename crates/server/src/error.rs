@@ -212,8 +212,8 @@ impl ApiError {
     }
 }
 
-impl From<agentd_models::ModelError> for ApiError {
-    fn from(e: agentd_models::ModelError) -> Self {
+impl From<agentd_runtime::ModelError> for ApiError {
+    fn from(e: agentd_runtime::ModelError) -> Self {
         ApiError::Internal(e.to_string())
     }
 }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use agentd_engine::{Event, FinishReason, RequestStream, TokenEvent};
-use agentd_models::{IncrementalDecoder, PromptLogprob, Tokenizer};
+use agentd_runtime::{IncrementalDecoder, PromptLogprob, Tokenizer};
 
 use crate::error::ApiError;
 use crate::protocol::{TokenLogprob, TopLogprob, UsageInfo};

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use agentd_models::{PromptLogprob, Tokenizer};
+use agentd_runtime::{PromptLogprob, Tokenizer};
 use serde::Serialize;
 
 use crate::app::SharedState;

@@ -381,8 +381,8 @@ pub struct SamplingDefaults {
     pub repetition_penalty: f32,
 }
 
-impl From<&agentd_models::SamplingParams> for SamplingDefaults {
-    fn from(p: &agentd_models::SamplingParams) -> Self {
+impl From<&agentd_runtime::SamplingParams> for SamplingDefaults {
+    fn from(p: &agentd_runtime::SamplingParams) -> Self {
         SamplingDefaults {
             temperature: p.temperature,
             top_p: p.top_p,

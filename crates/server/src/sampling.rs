@@ -1,13 +1,13 @@
 //! OpenAI / vLLM request fields → the engine's [`SamplingParams`], with the
 //! checks that turn nonsense into a 400 naming the field.
 
-use agentd_models::SamplingParams;
+use agentd_runtime::SamplingParams;
 
 use crate::error::ApiError;
 use crate::protocol::CommonParams;
 
 /// Largest `top_logprobs` / `logprobs: k` served (OpenAI's limit is 20).
-pub use agentd_models::sampling::MAX_LOGPROBS;
+pub use agentd_runtime::sampling::MAX_LOGPROBS;
 
 /// What the server needs besides the engine's parameters.
 #[derive(Debug, Clone)]

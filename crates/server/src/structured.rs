@@ -1,6 +1,6 @@
 //! Structured outputs: `response_format` (chat), `text.format` (responses)
 //! and forced tool calls (`tool_choice` `required` or a named function) →
-//! the grammar the sampler enforces (see `agentd_models::sampling::constraint`).
+//! the grammar the sampler enforces (see `agentd_runtime::sampling::constraint`).
 //!
 //! Thinking: a constrained request is rendered with `enable_thinking: false`
 //! and constrained from its first generated token. The grammar then never
@@ -21,9 +21,9 @@
 //! a `response_format` too, the output is one call or that JSON (vLLM's
 //! `OrFormat`). `tool_choice: none` constrains no call.
 
-use agentd_models::sampling::constraint::compact_layout;
-use agentd_models::sampling::tool_grammar::{self, Calls};
-use agentd_models::sampling::{Constraint, Grammar, GrammarCompiler};
+use agentd_runtime::sampling::constraint::compact_layout;
+use agentd_runtime::sampling::tool_grammar::{self, Calls};
+use agentd_runtime::sampling::{Constraint, Grammar, GrammarCompiler};
 use serde_json::{json, Map, Value as Json};
 
 use crate::app::AppState;

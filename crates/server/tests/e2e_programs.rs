@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use agentd_engine::EngineConfig;
-use agentd_models::Tokenizer;
+use agentd_runtime::Tokenizer;
 use common::{get, metric, post, start_dir};
 use serde_json::{json, Value};
 

@@ -14,13 +14,15 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use agentd_engine::{Engine, EngineConfig, KvEventSink};
+use agentd_models::Model;
 use agentd_server::AppState;
 use common::{get, metric, model_dir, post, test_config, MODEL};
 use serde_json::{json, Value};
 
 /// Serves a real engine on a one-worker runtime; returns its address.
 fn start_one_worker(cfg: EngineConfig) -> SocketAddr {
-    let engine = Engine::start(model_dir(), cfg).expect("engine");
+    let engine = Engine::with_model(Arc::new(Model::load(model_dir()).expect("model")), cfg)
+        .expect("engine");
     let state =
         Arc::new(AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state"));
     common::spawn_server_on(1, state, std::future::pending()).0

@@ -11,8 +11,9 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 use agentd_engine::EngineConfig;
-use agentd_models::sampling::log_softmax;
-use agentd_models::{BatchBuilder, Logits, LogitsFor, Model};
+use agentd_models::Model;
+use agentd_runtime::sampling::log_softmax;
+use agentd_runtime::{BatchBuilder, Logits, LogitsFor};
 use common::{post, shared, Resp, MODEL};
 use serde_json::{json, Value};
 
@@ -120,9 +121,9 @@ fn check(got: &Value, tokens: &[u32], k: usize) {
     }
 }
 
-fn common_tokenizer() -> &'static agentd_models::Tokenizer {
-    static T: OnceLock<agentd_models::Tokenizer> = OnceLock::new();
-    T.get_or_init(|| agentd_models::Tokenizer::from_dir(common::model_dir()).expect("tokenizer"))
+fn common_tokenizer() -> &'static agentd_runtime::Tokenizer {
+    static T: OnceLock<agentd_runtime::Tokenizer> = OnceLock::new();
+    T.get_or_init(|| agentd_runtime::Tokenizer::from_dir(common::model_dir()).expect("tokenizer"))
 }
 
 fn cached(r: &Resp) -> u64 {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentd_engine::Engine;
+use agentd_models::Model;
 use agentd_server::responses::store::ResponseStore;
 use agentd_server::AppState;
 use common::{get, model_dir, post, request, shared, test_config, MODEL};
@@ -324,7 +325,11 @@ fn fields_no_api_defines_here_are_ignored() {
 
 #[test]
 fn an_evicted_chain_releases_its_program() {
-    let engine = Engine::start(model_dir(), test_config()).expect("engine");
+    let engine = Engine::with_model(
+        Arc::new(Model::load(model_dir()).expect("model")),
+        test_config(),
+    )
+    .expect("engine");
     let mut state = AppState::new(engine, model_dir(), MODEL.into(), None).expect("state");
     state.responses = ResponseStore::new(1, Duration::from_secs(3600));
     let addr = common::start_state(Arc::new(state));

@@ -15,12 +15,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use agentd_engine::Engine;
+use agentd_models::Model;
 use agentd_server::AppState;
 use common::{get, model_dir, output_ids, post, request, start, start_state, test_config, MODEL};
 use serde_json::{json, Value};
 
 fn dev_server() -> SocketAddr {
-    let engine = Engine::start(model_dir(), test_config()).expect("engine");
+    let engine = Engine::with_model(
+        Arc::new(Model::load(model_dir()).expect("model")),
+        test_config(),
+    )
+    .expect("engine");
     let mut state = AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state");
     state.dev_mode = true;
     start_state(Arc::new(state))

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentd_engine::Engine;
+use agentd_models::Model;
 use agentd_server::AppState;
 use common::{
     checkpoint, get, id_list, model_dir, post, request, second_checkpoint, shared, start,
@@ -353,7 +354,11 @@ fn bad_token_in_requests_are_4xx_json() {
 }
 
 fn dev_server() -> SocketAddr {
-    let engine = Engine::start(model_dir(), test_config()).expect("engine");
+    let engine = Engine::with_model(
+        Arc::new(Model::load(model_dir()).expect("model")),
+        test_config(),
+    )
+    .expect("engine");
     let mut state = AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state");
     state.dev_mode = true;
     start_state(Arc::new(state))

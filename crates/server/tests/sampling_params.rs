@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use agentd_models::Tokenizer;
+use agentd_runtime::Tokenizer;
 use common::{post, shared, Resp, MODEL};
 use serde_json::{json, Value};
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentd_models::{SamplingParams, SequenceSampler};
+use agentd_runtime::{SamplingParams, SequenceSampler};
 use tokio::sync::mpsc;
 
 use super::*;

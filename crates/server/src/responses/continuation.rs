@@ -17,7 +17,7 @@
 //! are appended. A template for which the probe is not prefix-stable falls
 //! back to tokenising the whole re-rendered conversation.
 
-use agentd_models::Tokenizer;
+use agentd_runtime::Tokenizer;
 
 use crate::error::ApiError;
 

@@ -30,7 +30,7 @@ use crate::protocol::UsageInfo;
 use crate::sampling;
 use crate::structured;
 use crate::tenant::Caller;
-use agentd_models::sampling::Constraint;
+use agentd_runtime::sampling::Constraint;
 
 /// A response submitted to the engine, not yet generated.
 pub struct Prepared {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use agentd_engine::{Engine, EngineConfig};
 use agentd_models::synth::{write_random_model, ModelCard};
+use agentd_models::Model;
 use agentd_server::AppState;
 use serde_json::Value;
 
@@ -112,7 +113,8 @@ pub fn spawn_server_on(
 
 /// Starts a server for the model in `dir`, served as `name`.
 pub fn start_dir(dir: &Path, name: &str, api_key: Option<&str>, cfg: EngineConfig) -> SocketAddr {
-    let engine = Engine::start(dir, cfg).expect("engine");
+    let engine =
+        Engine::with_model(Arc::new(Model::load(dir).expect("model")), cfg).expect("engine");
     let state = Arc::new(
         AppState::new(engine, dir, name.to_string(), api_key.map(str::to_string)).expect("state"),
     );
@@ -161,7 +163,8 @@ pub fn start_tweaked(
     tweak: impl FnOnce(&mut AppState),
 ) -> Server {
     let dir = model_dir();
-    let engine = Engine::start(dir, cfg).expect("engine");
+    let engine =
+        Engine::with_model(Arc::new(Model::load(dir).expect("model")), cfg).expect("engine");
     let mut state = AppState::with_tools(
         engine,
         dir,

@@ -3,11 +3,10 @@
 //! response shapes as SGLang's; the engine side is `agentd_engine`'s
 //! control commands (`crates/engine/src/control.rs`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use agentd_engine::{ControlError, GenerateRequest, PauseMode, SwapReport};
-use agentd_models::{Model, SamplingParams};
+use agentd_runtime::SamplingParams;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -291,11 +290,11 @@ pub(crate) async fn load_and_swap(
     state: &SharedState,
     path: &str,
 ) -> Result<Result<SwapReport, String>, ApiError> {
-    let (dir, dtype) = (path.to_string(), state.weights_dtype);
+    let (dir, engine) = (path.to_string(), state.engine.clone());
     let t = std::time::Instant::now();
-    let loaded = blocking(move || Model::load_as(std::path::Path::new(&dir), dtype)).await?;
+    let loaded = blocking(move || engine.load_weights(std::path::Path::new(&dir))).await?;
     let model = match loaded {
-        Ok(m) => Arc::new(m),
+        Ok(m) => m,
         Err(e) => {
             return Ok(Err(format!(
                 "Failed to load the weights from {path}: {e}. The old weights are still serving."

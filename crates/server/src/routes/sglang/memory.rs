@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use agentd_engine::{ControlError, Engine, MemoryTags};
-use agentd_models::{LoadedModel, Model};
+use agentd_runtime::LoadedModel;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -107,14 +107,14 @@ pub(crate) async fn resume(state: &SharedState, tags: Option<MemoryTags>) -> Res
 /// The serving checkpoint read again from disk (`/model_info`'s
 /// `model_path`: the start's, or the last weight update's).
 async fn load_weights(state: &SharedState) -> Result<Arc<dyn LoadedModel>, ApiError> {
-    let (path, dtype) = (state.rl.model_path(), state.weights_dtype);
+    let (path, engine) = (state.rl.model_path(), state.engine.clone());
     let t = std::time::Instant::now();
     let shown = path.clone();
-    let model = blocking(move || Model::load_as(std::path::Path::new(&path), dtype))
+    let model = blocking(move || engine.load_weights(std::path::Path::new(&path)))
         .await?
         .map_err(|e| ApiError::Internal(format!("reloading the weights from {shown}: {e}")))?;
     tracing::info!(path = %shown, seconds = t.elapsed().as_secs_f64(), "weights reloaded");
-    Ok(Arc::new(model))
+    Ok(model)
 }
 
 /// `GET|POST /release_memory_occupation {tags?}`.

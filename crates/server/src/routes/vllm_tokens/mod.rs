@@ -74,7 +74,7 @@ pub async fn generate(
     // vLLM applies only the config's max_tokens on this route.
     let mut sampling = sampling::build(
         &common,
-        &agentd_models::SamplingParams::default(),
+        &agentd_runtime::SamplingParams::default(),
         logprobs.map(|k| (k, "logprobs")),
         ids.len(),
         state.max_model_len,
