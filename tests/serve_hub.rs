@@ -469,6 +469,23 @@ fn hub_failures_are_one_clear_line() {
         "{err}"
     );
     assert_eq!(hub.requests().len(), before, "offline made a request");
+    // A KV cache too small for the model's window is refused from the
+    // config alone, before any weights are requested.
+    let before = hub.requests().len();
+    let err = fails(&["acme/tiny", "--kv-cache-memory", "65536"], &env);
+    assert!(
+        err.contains("cannot hold one request") && err.contains("before downloading"),
+        "{err}"
+    );
+    let asked = hub.requests()[before..].to_vec();
+    assert!(
+        asked.iter().any(|r| r.contains("/config.json")),
+        "{asked:?}"
+    );
+    assert!(
+        !asked.iter().any(|r| r.contains(".safetensors")),
+        "{asked:?}"
+    );
     // Neither a directory nor an id.
     let err = fails(&["no-such-dir"], &env);
     assert!(

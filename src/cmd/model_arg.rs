@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use agentd_hub::{HubConfig, Need, Source};
+use agentd_hub::{BeforeWeights, HubConfig, Need, Source};
 use anyhow::{Context, Result};
 use clap::Args;
 
@@ -31,10 +31,22 @@ impl HubArgs {
     /// what is missing; `tokenizer_elsewhere` when `--tokenizer` names
     /// another source (then the model's own tokenizer is optional).
     pub fn model_dir(&self, model: &str, tokenizer_elsewhere: bool) -> Result<PathBuf> {
+        self.model_dir_checked(model, tokenizer_elsewhere, &|_| Ok(()))
+    }
+
+    /// [`HubArgs::model_dir`], with `check` run on a download's
+    /// configuration files before its weights are fetched.
+    pub fn model_dir_checked(
+        &self,
+        model: &str,
+        tokenizer_elsewhere: bool,
+        check: BeforeWeights<'_>,
+    ) -> Result<PathBuf> {
         let need = Need::Model {
             tokenizer: !tokenizer_elsewhere,
         };
-        let r = agentd_hub::resolve(model, self.revision.as_deref(), need, &self.config())
+        let revision = self.revision.as_deref();
+        let r = agentd_hub::resolve_checked(model, revision, need, &self.config(), check)
             .with_context(|| format!("model {model}"))?;
         if r.source != Source::Directory {
             tracing::info!(model, dir = %r.dir.display(), "model files");

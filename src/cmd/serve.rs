@@ -244,7 +244,12 @@ struct ServedModel {
 fn served_model(args: &ServeArgs) -> Result<ServedModel> {
     let (dir, default_name, root) = match args.model.as_ref().or(args.model_path.as_ref()) {
         Some(arg) => {
-            let dir = args.hub.model_dir(arg, args.tokenizer.is_some())?;
+            // A download's KV sizing is checked on its config before the
+            // weights come (the same plan `run` makes once they are here).
+            let check = |dir: &Path| kv_plan(args, dir).map(|_| ()).map_err(|e| format!("{e:#}"));
+            let dir = args
+                .hub
+                .model_dir_checked(arg, args.tokenizer.is_some(), &check)?;
             // A directory is named by its last component (as before); a
             // repository id by itself, as vLLM names it.
             let name = if Path::new(arg).is_dir() {
@@ -326,6 +331,22 @@ fn start_engine(
         .with_context(|| format!("starting the engine on {}", model_dir.display()))
 }
 
+/// The KV cache's size for the model in `model_dir` (`kv_size.rs`).
+fn kv_plan(args: &ServeArgs, model_dir: &Path) -> Result<KvPlan> {
+    super::kv_size::plan(
+        &KvArgs {
+            num_kv_blocks: args.num_kv_blocks,
+            kv_cache_memory: args.kv_cache_memory,
+            max_model_len: args.max_model_len,
+            block_size: args.sched.block_size,
+            cuda: args.device == "cuda",
+            gpu_memory_utilization: args.vllm.gpu_memory_utilization(),
+            model_dir,
+        },
+        std::env::var("VLLM_CPU_KVCACHE_SPACE").ok().as_deref(),
+    )
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     args.vllm.check(&args.device)?;
     // The CPU kernel path, checked before any download or load.
@@ -334,18 +355,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         _ => Some(super::cpu::kernel_path()?),
     };
     let model = served_model(&args)?;
-    let mut kv = super::kv_size::plan(
-        &KvArgs {
-            num_kv_blocks: args.num_kv_blocks,
-            kv_cache_memory: args.kv_cache_memory,
-            max_model_len: args.max_model_len,
-            block_size: args.sched.block_size,
-            cuda: args.device == "cuda",
-            gpu_memory_utilization: args.vllm.gpu_memory_utilization(),
-            model_dir: &model.dir,
-        },
-        std::env::var("VLLM_CPU_KVCACHE_SPACE").ok().as_deref(),
-    )?;
+    let mut kv = kv_plan(&args, &model.dir)?;
     let host_blocks = host_blocks(&args, &kv)?;
     let defaults = super::generation::defaults(&args.generation_config, &model.dir)?;
     let cfg = EngineConfig {

@@ -60,6 +60,12 @@ pub enum HubError {
         file: String,
         reason: String,
     },
+    #[error("{reason} (checked before downloading {weights_bytes} bytes of weights of {repo})")]
+    Refused {
+        repo: String,
+        reason: String,
+        weights_bytes: u64,
+    },
     #[error("{}: {source}", .path.display())]
     Io {
         path: PathBuf,

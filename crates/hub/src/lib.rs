@@ -93,12 +93,31 @@ pub struct Resolved {
     pub source: Source,
 }
 
+/// A check of the configuration files, run after they are downloaded and
+/// before the weights are: `Err(reason)` stops the download. `serve` sizes
+/// the KV cache from `config.json` here, so a pool that cannot hold the
+/// model's window is refused before a multi-gigabyte download, not after.
+pub type BeforeWeights<'a> = &'a dyn Fn(&Path) -> std::result::Result<(), String>;
+
 /// `model` as a local directory (see the crate docs for the order).
 pub fn resolve(
     model: &str,
     revision: Option<&str>,
     need: Need,
     cfg: &HubConfig,
+) -> Result<Resolved> {
+    resolve_checked(model, revision, need, cfg, &|_| Ok(()))
+}
+
+/// [`resolve`], with `check` run on a download's configuration files
+/// before its weights are fetched (not on a directory or a cached copy:
+/// the caller checks those itself, as it loads them).
+pub fn resolve_checked(
+    model: &str,
+    revision: Option<&str>,
+    need: Need,
+    cfg: &HubConfig,
+    check: BeforeWeights<'_>,
 ) -> Result<Resolved> {
     if Path::new(model).is_dir() {
         return Ok(Resolved {
@@ -132,7 +151,7 @@ pub fn resolve(
             missing: missing.join(", "),
         });
     }
-    let dir = download(model, revision, need, cfg, &repo)?;
+    let dir = download(model, revision, need, cfg, &repo, check)?;
     Ok(Resolved {
         dir,
         source: Source::Downloaded,
@@ -195,6 +214,7 @@ fn download(
     need: Need,
     cfg: &HubConfig,
     repo: &RepoCache,
+    check: BeforeWeights<'_>,
 ) -> Result<PathBuf> {
     let client = Client::new(&cfg.endpoint, cfg.token.clone());
     tracing::info!(repo = model, revision, endpoint = %cfg.endpoint, cache = %cfg.cache_dir.display(), "fetching the file list from the Hub");
@@ -222,6 +242,11 @@ fn download(
         let listed = cache::missing_files(&snapshot, true);
         shards.retain(|s| listed.contains(&s.rfilename));
     }
+    check(&snapshot).map_err(|reason| HubError::Refused {
+        repo: model.to_owned(),
+        reason,
+        weights_bytes: shards.iter().filter_map(Sibling::bytes).sum(),
+    })?;
     fetch_all(
         &client,
         model,
