@@ -49,7 +49,12 @@ engine_shape
 cpu=$(grep -m1 -E '^(model name|Model|CPU part)' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
 cpu=${cpu:-unknown}
 slug=$(echo "$cpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/^-//; s/-$//' | cut -c1-48)
-name="$OUT/rollout-$slug"
+# NAME_SUFFIX: a second configuration's files beside the first
+# (e.g. -past-knee); AGENTD_REV: what the binary was built from, when it is
+# not this checkout's HEAD.
+: "${NAME_SUFFIX:=}"
+: "${AGENTD_REV:=$(git rev-parse --short HEAD)}"
+name="$OUT/rollout-$slug$NAME_SUFFIX"
 # QUIET_FILE (e.g. /work/wt/notes/QUIET on a shared machine): the servers
 # start while no one else's such file exists; then the file is created (others
 # pause), the script waits for a minute with no rustc running (at most
@@ -132,7 +137,7 @@ phase_rollout() {
     echo
     echo "Command: \`${cmd[*]}\`"
     echo
-    echo "Servers: benches/lib/common.sh's serving shape (KV $KV_TOKENS tokens in blocks of $BLOCK, $DTYPE weights, $CARD; the second checkpoint is make-model --seed 2); agentd $(git rev-parse --short HEAD), release build. Load before: \`$load0\`; after: \`$load1\` (other helpers' servers and builds share the machine; $QUIET_NOTE)."
+    echo "Servers: benches/lib/common.sh's serving shape (KV $KV_TOKENS tokens in blocks of $BLOCK, $DTYPE weights, $CARD; the second checkpoint is make-model --seed 2); agentd $AGENTD_REV, release build. Load before: \`$load0\`; after: \`$load1\` (other helpers' servers and builds share the machine; $QUIET_NOTE)."
     [ "$rc" = 0 ] || echo "The driver exited $rc: errors below."
     echo
     cat "$W/rollout.md"
@@ -161,7 +166,7 @@ phase_swap() {
   {
     echo "## Weight swap of a 0.6B-shaped bf16 checkpoint against reading it from disk"
     echo
-    echo "$SWAP_CARD (make-model seeds 1 and 2, bf16 kept in memory), served by agentd $(git rev-parse --short HEAD) (release build); $SWAPS swaps per run, alternating between the two. \"read\": the driver reads the checkpoint's *.safetensors through an 8 MiB buffer just before the swap; \"update\": /update_weights_from_disk's answer time (read, parse, swap in, flush). Warm: that read leaves the files in the page cache and the swap reads them from it. Cold: posix_fadvise(DONTNEED) on the files before the read and again before the swap (a VM: the hypervisor may still cache the disk; the GB/s say what the read saw)."
+    echo "$SWAP_CARD (make-model seeds 1 and 2, bf16 kept in memory), served by agentd $AGENTD_REV (release build); $SWAPS swaps per run, alternating between the two. \"read\": the driver reads the checkpoint's *.safetensors through an 8 MiB buffer just before the swap; \"update\": /update_weights_from_disk's answer time (read, parse, swap in, flush). Warm: that read leaves the files in the page cache and the swap reads them from it. Cold: posix_fadvise(DONTNEED) on the files before the read and again before the swap (a VM: the hypervisor may still cache the disk; the GB/s say what the read saw)."
   } > "$W/swap-section.md"
   for cache in warm cold; do
     local cmd=("$AGENTD" bench --workload rollout --target agentd-0.6b=http://127.0.0.1:$port
@@ -208,7 +213,7 @@ kernel=$(cat "$W/kernel-path.txt" 2>/dev/null || true)
   done
 } > "$name.md"
 slurp() { [ -f "$1" ] && cat "$1" || echo null; }
-jq -n --arg cpu "$cpu" --arg kernel "$kernel" --arg commit "$(git rev-parse HEAD)" \
+jq -n --arg cpu "$cpu" --arg kernel "$kernel" --arg commit "$AGENTD_REV" \
   --slurpfile r <(slurp "$W/rollout.json") --slurpfile w <(slurp "$W/swap-warm.json") \
   --slurpfile c <(slurp "$W/swap-cold.json") \
   '{cpu: $cpu, kernel_path: $kernel, commit: $commit, rollout: $r[0],

@@ -112,6 +112,8 @@ fn rollout_iterations_swap_weights_between_them() {
         assert_eq!(r["errors"], 0, "{r}");
         assert_eq!(r["groups_finished"], 2, "{r}");
         assert!(r["gen_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        // agentd serves /metrics: the iteration's prefix-cache queries.
+        assert!(r["counters"]["queries"].as_f64().unwrap() > 0.0, "{r}");
         let p50 = r["group_makespan_p50_s"].as_f64().unwrap();
         let max = r["group_makespan_max_s"].as_f64().unwrap();
         assert!(

@@ -229,8 +229,8 @@ pub async fn run_level(
     )
 }
 
-/// Server counter deltas over the window.
-struct Counters {
+/// Server counter deltas over the window (or a rollout iteration).
+pub(crate) struct Counters {
     hits: Option<f64>,
     queries: Option<f64>,
     preemptions: Option<f64>,
@@ -245,7 +245,7 @@ struct Counters {
 }
 
 impl Counters {
-    fn between(b: &Metrics, a: &Metrics) -> Counters {
+    pub(crate) fn between(b: &Metrics, a: &Metrics) -> Counters {
         Counters {
             hits: a.delta(b, prom::PREFIX_HITS),
             queries: a.delta(b, prom::PREFIX_QUERIES),
@@ -264,7 +264,7 @@ impl Counters {
         }
     }
 
-    fn as_json(&self) -> Value {
+    pub(crate) fn as_json(&self) -> Value {
         json!({"hits": self.hits, "queries": self.queries, "preemptions": self.preemptions,
                "recomputed": self.recomputed, "pauses": self.pauses,
                "restores": self.restores, "exhaustion_preemptions": self.exhaustion,

@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::client::Client;
+use crate::driver::Counters;
 use crate::workload::BenchWorkload;
 pub use stats::{IterationRow, ProgramOutcome, SwapTimes};
 
@@ -125,8 +126,13 @@ async fn run_target(
         };
         let version = client.weight_version().await;
         let seeded = t.surface == Surface::Sglang;
+        let before = client.metrics().await;
         let programs = iteration::run_iteration(&client, cfg, &t.name, seeded, k).await;
-        let row = IterationRow::summarise(&t.name, k, version, swap, &programs);
+        let after = client.metrics().await;
+        let mut row = IterationRow::summarise(&t.name, k, version, swap, &programs);
+        if let (Some(b), Some(a)) = (&before, &after) {
+            row.counters = Some(Counters::between(b, a).as_json());
+        }
         eprintln!(
             "{} iteration {k}: {:.1} s, {:.1} out tok/s, group makespan p50 {:.1} s max {:.1} s, swap {}, {}/{} programs, weights {}",
             row.target,

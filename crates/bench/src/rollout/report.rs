@@ -20,6 +20,18 @@ fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "-".into(), |x| format!("{x:.prec$}"))
 }
 
+/// A `/metrics` delta of the iteration ("-": not served).
+fn counter(r: &IterationRow, key: &str) -> String {
+    opt(r.counters.as_ref().and_then(|c| c[key].as_f64()), 0)
+}
+
+/// Prefix-cache hits over queries from the `/metrics` deltas.
+fn metrics_hit_rate(r: &IterationRow) -> Option<f64> {
+    let c = r.counters.as_ref()?;
+    let (h, q) = (c["hits"].as_f64()?, c["queries"].as_f64()?);
+    (q > 0.0).then(|| h / q)
+}
+
 pub fn table(rows: &[IterationRow]) -> Table {
     let mut t = Table::new([
         "target",
@@ -33,6 +45,10 @@ pub fn table(rows: &[IterationRow]) -> Table {
         "step p50 s",
         "step p99 s",
         "hit",
+        "hit (metrics)",
+        "preempt",
+        "recomputed",
+        "pauses",
         "swap s",
         "update s",
         "read s",
@@ -54,6 +70,10 @@ pub fn table(rows: &[IterationRow]) -> Table {
             format!("{:.2}", r.step_p50_s),
             format!("{:.2}", r.step_p99_s),
             opt(r.usage_hit_rate, 3),
+            opt(metrics_hit_rate(r), 3),
+            counter(r, "preemptions"),
+            counter(r, "recomputed"),
+            counter(r, "pauses"),
             opt(s.map(|s| s.total_s), 3),
             opt(s.and_then(|s| s.update_s), 3),
             opt(s.and_then(|s| s.read_s), 3),
@@ -236,7 +256,11 @@ mod tests {
     #[test]
     fn table_summary_and_markdown() {
         let rows = rows();
+        let mut rows = rows;
+        rows[1].counters = Some(serde_json::json!({"preemptions": 3.0, "recomputed": 1234.0,
+            "hits": 30.0, "queries": 40.0}));
         let t = table(&rows).render();
+        assert!(t.contains("1234") && t.contains("0.750"), "{t}");
         assert!(
             t.contains("r-1") && t.contains("cold") && t.contains("2.00"),
             "{t}"

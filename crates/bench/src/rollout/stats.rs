@@ -85,6 +85,10 @@ pub struct IterationRow {
     pub group_makespan_p50_s: f64,
     pub group_makespan_max_s: f64,
     pub usage_hit_rate: Option<f64>,
+    /// The server's `/metrics` deltas over the iteration (prefix hits and
+    /// queries, preemptions, recomputed tokens, pauses, restores; agentd's
+    /// names where vLLM has none), when it serves them.
+    pub counters: Option<serde_json::Value>,
     /// The swap before this iteration (None for the first).
     pub swap: Option<SwapTimes>,
     pub update_over_read: Option<f64>,
@@ -155,6 +159,7 @@ impl IterationRow {
             group_makespan_max_s: percentile(&makespans, 1.0),
             usage_hit_rate: (cached.len() == programs.len() && prompt_tokens > 0)
                 .then(|| cached.iter().sum::<usize>() as f64 / prompt_tokens as f64),
+            counters: None,
             swap,
             update_over_read,
             error_messages: programs
