@@ -212,6 +212,16 @@ impl Client {
         Ok(ids)
     }
 
+    /// Sends `model` in requests, or, when `None`, the first model the
+    /// server lists.
+    pub async fn use_model(&mut self, model: Option<&String>) -> Result<(), ClientError> {
+        self.model = match model {
+            Some(m) => m.clone(),
+            None => self.models().await?.into_iter().next().unwrap_or_default(),
+        };
+        Ok(())
+    }
+
     /// The server's counters; `None` when `/metrics` is missing or fails.
     pub async fn metrics(&self) -> Option<Metrics> {
         match self.get_text("/metrics", Duration::from_secs(10)).await {

@@ -104,23 +104,13 @@ pub async fn run_sweep(targets: &[Target], cfg: &SweepConfig) -> Vec<LevelRow> {
             }
         };
         client.dynamo = t.dynamo;
-        let model = match &cfg.model {
-            Some(m) => Ok(m.clone()),
-            None => client
-                .models()
-                .await
-                .map(|ids| ids.into_iter().next().unwrap_or_default()),
-        };
-        match model {
-            Ok(m) => client.model = m,
-            Err(e) => {
-                tracing::error!(target = %t.name, error = %e, "target unreachable");
-                say(&bar, format!("{}: unreachable: {e}", t.name));
-                for &c in &cfg.concurrency {
-                    rows.push(LevelRow::failed(&t.name, c, e.to_string()));
-                }
-                continue;
+        if let Err(e) = client.use_model(cfg.model.as_ref()).await {
+            tracing::error!(target = %t.name, error = %e, "target unreachable");
+            say(&bar, format!("{}: unreachable: {e}", t.name));
+            for &c in &cfg.concurrency {
+                rows.push(LevelRow::failed(&t.name, c, e.to_string()));
             }
+            continue;
         }
         tracing::info!(target = %t.name, url = %t.url, model = %client.model, "benchmarking");
         for (i, &c) in cfg.concurrency.iter().enumerate() {

@@ -96,19 +96,9 @@ async fn run_target(
     cfg: &RolloutConfig,
     rows: &mut Vec<IterationRow>,
 ) {
-    let model = match &cfg.model {
-        Some(m) => Ok(m.clone()),
-        None => client
-            .models()
-            .await
-            .map(|ids| ids.into_iter().next().unwrap_or_default()),
-    };
-    match model {
-        Ok(m) => client.model = m,
-        Err(e) => {
-            rows.push(IterationRow::failed(&t.name, 0, e.to_string()));
-            return;
-        }
+    if let Err(e) = client.use_model(cfg.model.as_ref()).await {
+        rows.push(IterationRow::failed(&t.name, 0, e.to_string()));
+        return;
     }
     for k in 0..cfg.iterations {
         let swap = if k == 0 {
