@@ -10,26 +10,11 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use agentd_engine::Engine;
-use agentd_models::Model;
-use agentd_server::AppState;
-use common::{get, model_dir, output_ids, post, request, start, start_state, test_config, MODEL};
+use common::{get, output_ids, post, request, start, start_dev};
 use serde_json::{json, Value};
-
-fn dev_server() -> SocketAddr {
-    let engine = Engine::with_model(
-        Arc::new(Model::load(model_dir()).expect("model")),
-        test_config(),
-    )
-    .expect("engine");
-    let mut state = AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state");
-    state.dev_mode = true;
-    start_state(Arc::new(state))
-}
 
 fn body(rid: &str, max_new_tokens: u64) -> Value {
     json!({"text": "The history of the world in one long sentence", "rid": rid,
@@ -75,7 +60,7 @@ fn dev_routes_are_absent_without_dev_mode() {
 
 #[test]
 fn pause_modes_resume_and_reset_prefix_cache() {
-    let addr = dev_server();
+    let addr = start_dev();
     assert_eq!(get(addr, "/is_paused").json(), json!({"is_paused": false}));
     assert_eq!(
         get(addr, "/get_world_size").json(),
@@ -190,7 +175,7 @@ fn pause_modes_resume_and_reset_prefix_cache() {
 
 #[test]
 fn sleep_and_wake_up_by_level_and_tags() {
-    let addr = dev_server();
+    let addr = start_dev();
     let want = output_ids(&post(addr, "/generate", &body("ref", 40)).json());
     let sleeping = |addr| get(addr, "/is_sleeping").json()["is_sleeping"].clone();
     assert_eq!(sleeping(addr), json!(false));

@@ -13,15 +13,11 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentd_engine::Engine;
-use agentd_models::Model;
-use agentd_server::AppState;
 use common::{
-    checkpoint, get, id_list, model_dir, post, request, second_checkpoint, shared, start,
-    start_dir, start_state, start_tools, test_config, MODEL,
+    checkpoint, get, id_list, post, request, second_checkpoint, shared, start, start_dev,
+    start_dir, start_tools, test_config, MODEL,
 };
 use serde_json::{json, Value};
 
@@ -353,17 +349,6 @@ fn bad_token_in_requests_are_4xx_json() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
-fn dev_server() -> SocketAddr {
-    let engine = Engine::with_model(
-        Arc::new(Model::load(model_dir()).expect("model")),
-        test_config(),
-    )
-    .expect("engine");
-    let mut state = AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state");
-    state.dev_mode = true;
-    start_state(Arc::new(state))
-}
-
 fn post_empty(addr: SocketAddr, path: &str) -> common::Resp {
     request(addr, "POST", path, &[], Some(""))
 }
@@ -371,7 +356,7 @@ fn post_empty(addr: SocketAddr, path: &str) -> common::Resp {
 #[test]
 fn update_weights_serves_the_second_checkpoint_and_no_old_block() {
     let second = second_checkpoint();
-    let addr = dev_server();
+    let addr = start_dev();
     let prompt = long_ids(addr);
     let greedy = |addr| {
         let r = tokens_generate(addr, &[], &greedy_body(&prompt, 16));
@@ -510,7 +495,7 @@ fn weight_routes_need_dev_mode_and_models_show_the_version() {
 
 #[test]
 fn abort_requests_reaches_a_token_in_request_by_its_request_id() {
-    let addr = dev_server();
+    let addr = start_dev();
     let mut body = greedy_body(&long_ids(addr), 1500);
     body["request_id"] = json!("traj-9-turn-1");
     let t = std::thread::spawn(move || tokens_generate(addr, &[], &body));

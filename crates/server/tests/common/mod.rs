@@ -126,6 +126,19 @@ pub fn start_state(state: Arc<AppState>) -> SocketAddr {
     spawn_server(state, std::future::pending()).0
 }
 
+/// The test model served with vLLM's dev-mode routes on
+/// (`VLLM_SERVER_DEV_MODE=1`).
+pub fn start_dev() -> SocketAddr {
+    let engine = Engine::with_model(
+        Arc::new(Model::load(model_dir()).expect("model")),
+        test_config(),
+    )
+    .expect("engine");
+    let mut state = AppState::new(engine, model_dir(), MODEL.to_string(), None).expect("state");
+    state.dev_mode = true;
+    start_state(Arc::new(state))
+}
+
 /// A server with its tool side configured, and a way to stop it.
 pub struct Server {
     pub addr: SocketAddr,
