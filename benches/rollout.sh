@@ -46,8 +46,7 @@ mkdir -p "$W" "$OUT"
 
 need_agentd
 engine_shape
-cpu=$(grep -m1 -E '^(model name|Model|CPU part)' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
-cpu=${cpu:-unknown}
+cpu=$(cpu_model)
 slug=$(echo "$cpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/^-//; s/-$//' | cut -c1-48)
 # NAME_SUFFIX: a second configuration's files beside the first
 # (e.g. -past-knee); AGENTD_REV: what the binary was built from, when it is
@@ -55,37 +54,8 @@ slug=$(echo "$cpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/^-//; s/-$//' | cut -c1-48)
 : "${NAME_SUFFIX:=}"
 : "${AGENTD_REV:=$(git rev-parse --short HEAD)}"
 name="$OUT/rollout-$slug$NAME_SUFFIX"
-# QUIET_FILE (e.g. /work/wt/notes/QUIET on a shared machine): the servers
-# start while no one else's such file exists; then the file is created (others
-# pause), the script waits for a minute with no rustc running (at most
-# QUIET_WAIT_S), times the phase and removes the file: a quiet window per
-# phase, server starts outside it.
-: "${QUIET_FILE:=}"
-: "${QUIET_WAIT_S:=120}"
-QUIET_MINE=0
-quiet_end() { if [ "$QUIET_MINE" = 1 ]; then rm -f "$QUIET_FILE"; QUIET_MINE=0; fi; }
+# The quiet window (QUIET_FILE, quiet_begin, quiet_end): benches/lib/common.sh.
 trap 'quiet_end; stop_all' EXIT
-others_quiet_gone() {
-  [ -n "$QUIET_FILE" ] || return 0
-  while [ -e "$QUIET_FILE" ]; do sleep 20; done
-}
-quiet_begin() {
-  [ -n "$QUIET_FILE" ] || return 0
-  others_quiet_gone
-  touch "$QUIET_FILE"; QUIET_MINE=1
-  local since=$SECONDS start=$SECONDS
-  while [ $((SECONDS - since)) -lt 60 ]; do
-    if pgrep -f rustc >/dev/null; then since=$SECONDS; fi
-    if [ $((SECONDS - start)) -ge "$QUIET_WAIT_S" ]; then
-      echo "quiet window: rustc still running after ${QUIET_WAIT_S} s; timing anyway" >&2
-      QUIET_NOTE="rustc of other builds still ran when timing began (${QUIET_WAIT_S} s wait)"
-      return 0
-    fi
-    sleep 5
-  done
-  QUIET_NOTE="no rustc for 60 s before timing (waited $((SECONDS - start)) s)"
-}
-QUIET_NOTE="no quiet window requested"
 
 # A checkpoint of CARD with SEED in DIR, once.
 checkpoint() { # CARD SEED DIR
@@ -93,11 +63,6 @@ checkpoint() { # CARD SEED DIR
     "$AGENTD" make-model --config "$1" --out "$3" --seed "$2"
     touch "$3/.complete"
   fi
-}
-# The kernel path an agentd server logged at start (RUST_LOG=info:
-# "CPU kernels path=...").
-kernel_path() { # LOG
-  sed -n 's/.*CPU kernels.*path="\{0,1\}\([a-z0-9]*\).*/\1/p' "$1" | head -1
 }
 
 phase_rollout() {

@@ -8,7 +8,9 @@
 #   so a script restates none of them;
 # - starting agentd and vLLM with that shape, and the process helpers: start a
 #   process (spawn), stop its whole tree (stop_tree, stop_all), wait for a
-#   condition or a port (wait_until, wait_http), measure idle CPU (idle_cpu).
+#   condition or a port (wait_until, wait_http), measure idle CPU (idle_cpu);
+# - the machine (cpu_model, kernel_path) and the quiet window a shared machine
+#   times in (quiet_begin, quiet_end).
 #
 # Every value below is `: "${NAME:=default}"` (`=` alone where empty means
 # something): a value already set, by the environment or by the script before
@@ -234,6 +236,51 @@ idle_cpu() { # SECONDS PID...
   local s=$1 t0 t1; shift
   t0=$(tree_ticks "$@"); sleep "$s"; t1=$(tree_ticks "$@")
   awk -v a="$t0" -v b="$t1" -v s="$s" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.2f", (b-a)/hz/s}'
+}
+
+# --- The machine and the quiet window ---------------------------------------
+# The CPU model, as reports name it (x86 "model name", Arm "Model"/"CPU part").
+cpu_model() {
+  local cpu
+  cpu=$(grep -m1 -E '^(model name|Model|CPU part)' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
+  echo "${cpu:-unknown}"
+}
+# The CPU kernel path an agentd server logged at start ("CPU kernels
+# path=...", an info line of target agentd::cmd::cpu: RUST_LOG must let it
+# through, e.g. warn,agentd::cmd::cpu=info).
+kernel_path() { # LOG
+  sed -n 's/.*CPU kernels.*path="\{0,1\}\([a-z0-9]*\).*/\1/p' "$1" | head -1
+}
+# QUIET_FILE (e.g. /work/wt/notes/QUIET on a shared machine): the servers
+# start while no one else's such file exists; then the file is created (others
+# pause), the script waits for a minute with no rustc running (at most
+# QUIET_WAIT_S), times the phase and removes the file: a quiet window per
+# phase, server starts outside it. A script that calls quiet_begin puts
+# quiet_end in its EXIT trap.
+: "${QUIET_FILE:=}"
+: "${QUIET_WAIT_S:=120}"
+QUIET_MINE=0
+QUIET_NOTE="no quiet window requested"
+quiet_end() { if [ "$QUIET_MINE" = 1 ]; then rm -f "$QUIET_FILE"; QUIET_MINE=0; fi; }
+others_quiet_gone() {
+  [ -n "$QUIET_FILE" ] || return 0
+  while [ -e "$QUIET_FILE" ]; do sleep 20; done
+}
+quiet_begin() {
+  [ -n "$QUIET_FILE" ] || return 0
+  others_quiet_gone
+  touch "$QUIET_FILE"; QUIET_MINE=1
+  local since=$SECONDS start=$SECONDS
+  while [ $((SECONDS - since)) -lt 60 ]; do
+    if pgrep -f rustc >/dev/null; then since=$SECONDS; fi
+    if [ $((SECONDS - start)) -ge "$QUIET_WAIT_S" ]; then
+      echo "quiet window: rustc still running after ${QUIET_WAIT_S} s; timing anyway" >&2
+      QUIET_NOTE="rustc of other builds still ran when timing began (${QUIET_WAIT_S} s wait)"
+      return 0
+    fi
+    sleep 5
+  done
+  QUIET_NOTE="no rustc for 60 s before timing (waited $((SECONDS - start)) s)"
 }
 
 # --- Servers with the common shape ---------------------------------------------

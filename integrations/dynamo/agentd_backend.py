@@ -26,6 +26,14 @@ points Dynamo's KV router at agentd's own vLLM-format KV-event stream
   a monitor polls agentd's `/health` and, when it stays down, stops this
   worker (SIGTERM: the Dynamo runtime unregisters it), so the router sends
   new requests to the other workers.
+- Behind a router (`dynamo.thunderagent_router`, which registers the public
+  model itself and reads this worker's KV capacity from its registration):
+  register under a name of its own, `--served-model-name MODEL-worker
+  --endpoint-types completions`. Dynamo 1.6.1's common-backend worker refuses
+  `--endpoint-types none` ("unknown endpoint type 'none'"), and a worker
+  registered under the router's name would take a share of the frontend's
+  requests for that name past the router (`benches/thunderagent.sh`,
+  target ta-agentd-request).
 - Load: agentd's `/metrics` (`vllm:kv_cache_usage_perc`, prefix-cache counters)
   feed Dynamo's per-rank snapshot (`kv_used_blocks`, hit rate) for the router.
 
@@ -406,7 +414,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--agentd-url", default=os.environ.get("AGENTD_URL", "http://127.0.0.1:8000"))
     p.add_argument("--model-path", default=None,
                    help="model directory (tokenizer, chat template); default: agentd's /v1/models root")
-    p.add_argument("--served-model-name", default=None, help="default: agentd's model id")
+    p.add_argument("--served-model-name", default=None,
+                   help="default: agentd's model id; behind a router, a name of its own")
     p.add_argument("--kv-events-endpoint", default=None,
                    help="tcp://HOST:PORT where agentd publishes KV events (its --kv-events-config "
                         "endpoint as seen from here); replica r on PORT + r")
@@ -418,7 +427,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--component", default="backend")
     p.add_argument("--endpoint", default="generate")
     p.add_argument("--endpoint-types", default="chat,completions",
-                   help="'none' behind dynamo.thunderagent_router")
+                   help="chat and/or completions ('none' is refused by Dynamo 1.6.1's worker: "
+                        "behind a router, register under another --served-model-name)")
     p.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"))
     p.add_argument("--request-plane", default=os.environ.get("DYN_REQUEST_PLANE", "tcp"))
     p.add_argument("--event-plane", default=os.environ.get("DYN_EVENT_PLANE"))
@@ -430,6 +440,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.replicas < 1:
         p.error("--replicas must be >= 1")
+    # Said here rather than as Dynamo's traceback after agentd was probed.
+    if "none" in (t.strip().lower() for t in args.endpoint_types.split(",")):
+        p.error("--endpoint-types none: Dynamo 1.6.1's common-backend worker refuses it "
+                "(unknown endpoint type 'none'); behind a router, register under a name of "
+                "its own (--served-model-name MODEL-worker --endpoint-types completions)")
     return args
 
 
