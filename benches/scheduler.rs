@@ -38,7 +38,7 @@ fn populate(policy: &mut dyn Policy, kv: &mut [KvCache]) -> f64 {
         now = round as f64 * 0.01;
         let mut admitted = 0;
         for r in 0..REPLICAS {
-            let d = policy.schedule(r, now, &Replicas(kv));
+            let d = policy.schedule(r, now, &Replicas(kv, &[]));
             for (p, to) in d.admit {
                 let ctx = &contexts[p.0 as usize];
                 let m = kv[to].match_prefix(p, ctx);
@@ -86,7 +86,7 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 r = (r + 1) % REPLICAS;
                 now += 0.001;
-                black_box(policy.schedule(r, now, &Replicas(&kv)))
+                black_box(policy.schedule(r, now, &Replicas(&kv, &[])))
             })
         });
     }

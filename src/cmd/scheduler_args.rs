@@ -69,6 +69,15 @@ pub struct SchedulerArgs {
     /// observed for that tool; 1 disables it.
     #[arg(long, default_value_t = DEFAULTS.tool_decay_base)]
     pub tool_decay_base: f64,
+    /// The largest share of a decoding step's time its prefill chunks take
+    /// (the cap follows the replica's measured step time); 1 turns it off.
+    #[arg(long, default_value_t = DEFAULTS.prefill_share)]
+    pub prefill_share: f64,
+    /// A replica with prompts still to prefill admits a new program only
+    /// while all of them are computed within this many seconds at its
+    /// measured prefill rate; `inf` turns the bound off.
+    #[arg(long, default_value_t = DEFAULTS.admit_prefill_s)]
+    pub admit_prefill_s: f64,
 }
 
 impl SchedulerArgs {
@@ -90,6 +99,8 @@ impl SchedulerArgs {
             rotate_after_turns: self.rotate_after_turns,
             group_gather_s: self.group_gather_s,
             tool_decay_base: self.tool_decay_base,
+            prefill_share: self.prefill_share,
+            admit_prefill_s: self.admit_prefill_s,
             ..SchedulerConfig::default()
         }
     }

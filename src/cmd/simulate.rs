@@ -44,8 +44,9 @@ pub struct SimulateArgs {
     /// blocks are copied there and back over PCIe instead of recomputed.
     #[arg(long, default_value_t = 0)]
     host_kv_tokens: usize,
-    /// Step-time model: h100 (Qwen3-8B FP8 on one H100), cpu-avx2 or
-    /// cpu-avx512 (the CPU bench shape on a 2-core EPYC, per kernel path).
+    /// Step-time model: h100 (Qwen3-8B FP8 on one H100), cpu-avx2,
+    /// cpu-avx512 or cpu-portable (the CPU bench shape on a 2-core EPYC,
+    /// per kernel path).
     #[arg(long, default_value = "h100")]
     cost: CostPreset,
     /// Tokens of one step's budget (max_num_batched_tokens).

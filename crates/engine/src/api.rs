@@ -126,6 +126,8 @@ pub struct ProgramStatus {
     pub replica: Option<usize>,
     pub context_tokens: usize,
     pub blocks_held: usize,
+    /// Where its KV is (`agentd_kv::Whereabouts`): what a restore costs.
+    pub kv: KvWhereabouts,
     /// Requests completed.
     pub steps: u64,
     /// 1 while its request waits for the program's restore.
@@ -134,6 +136,16 @@ pub struct ProgramStatus {
     pub parallel_requests: usize,
     /// The program that spawned it, when a request said so.
     pub parent_program: Option<String>,
+}
+
+/// Where a program's full KV blocks are, in blocks: in the device pool
+/// (kept: a restore costs nothing), in the host tier (swapped: a restore
+/// copies them back) or lost (a restore recomputes them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KvWhereabouts {
+    pub device: usize,
+    pub host: usize,
+    pub lost: usize,
 }
 
 /// Why a program ended.

@@ -210,7 +210,8 @@ impl Core {
                 cfg.cache_salt,
                 cfg!(debug_assertions),
             )
-            .with_host_tier(cfg.host_blocks),
+            .with_host_tier(cfg.host_blocks)
+            .with_step_balance(&cfg.scheduler),
             names: HashMap::new(),
             programs: HashMap::new(),
             steps: (0..n).map(|_| None).collect(),

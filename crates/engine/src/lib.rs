@@ -38,8 +38,8 @@ mod worker;
 
 pub use agentd_runtime::MemoryTags;
 pub use api::{
-    EndReason, EngineError, Event, FinishReason, GenerateRequest, GroupTag, ProgramEnded,
-    ProgramStatus, TokenEvent, Usage,
+    EndReason, EngineError, Event, FinishReason, GenerateRequest, GroupTag, KvWhereabouts,
+    ProgramEnded, ProgramStatus, TokenEvent, Usage,
 };
 pub use board::{Snapshot, MIN_REBUILD, READ_WAIT};
 pub use config::EngineConfig;

@@ -10,7 +10,7 @@ use tracing::debug;
 
 use crate::core::{Core, Prog, Req};
 use crate::trace::Mark;
-use crate::{EndReason, Event, FinishReason, ProgramEnded, ProgramStatus, Usage};
+use crate::{EndReason, Event, FinishReason, KvWhereabouts, ProgramEnded, ProgramStatus, Usage};
 
 impl Core {
     pub(crate) fn new_program(&mut self, name: Option<String>) -> ProgramId {
@@ -173,6 +173,14 @@ impl Core {
                         |r| r.tokens.len(),
                     ),
                     blocks_held: self.replicas.blocks_held(*p),
+                    kv: home.map_or_else(KvWhereabouts::default, |h| {
+                        let w = self.replicas.kv(h).whereabouts(*p);
+                        KvWhereabouts {
+                            device: w.device,
+                            host: w.host,
+                            lost: w.lost,
+                        }
+                    }),
                     steps: prog.steps,
                     waiting_requests: usize::from(
                         prog.current.is_some() && !self.replicas.is_running(*p),

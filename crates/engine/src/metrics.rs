@@ -155,6 +155,12 @@ pub struct MetricsSnapshot {
     pub kv_onloaded_blocks: u64,
     pub host_blocks_used: usize,
     pub host_blocks: usize,
+    /// The step-time fit of replica 0 (`agentd_scheduler::StepRates`; 0
+    /// until it has seen enough steps): the prefill rate of a 1024-token
+    /// chunk after 1024 cached tokens, and the time of a one-sequence
+    /// decode step at a 1024-token context.
+    pub fit_prefill_tokens_per_s: f64,
+    pub fit_decode_step_s: f64,
 }
 
 impl Core {
@@ -189,6 +195,15 @@ impl Core {
                 None => programs.push((s.phase, s.state, 1)),
             }
         }
+        let rates = self.replicas.rates(0);
+        let fit_prefill_tokens_per_s = rates
+            .prefill_s(1024, 1024)
+            .filter(|s| *s > 0.0)
+            .map_or(0.0, |s| 1024.0 / s);
+        let mut decode = agentd_scheduler::StepWork::default();
+        decode.add_decode(1024);
+        decode.rows = 1;
+        let fit_decode_step_s = rates.predict(&decode).unwrap_or(0.0);
         let metrics = MetricsSnapshot {
             counters: self.counters.clone(),
             num_requests_running: self.num_running(),
@@ -207,6 +222,8 @@ impl Core {
             kv_onloaded_blocks: onloaded,
             host_blocks_used: host_used,
             host_blocks: host_total,
+            fit_prefill_tokens_per_s,
+            fit_decode_step_s,
         };
         Snapshot {
             metrics,

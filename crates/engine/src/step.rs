@@ -58,7 +58,7 @@ impl Core {
             Ok(planned) => planned,
             Err(e) => {
                 protocol_bug(r, &e);
-                self.close(step);
+                self.close(step, None);
                 return batch;
             }
         };
@@ -68,7 +68,7 @@ impl Core {
         }
         batch.copies = copies;
         if plan.seqs.is_empty() {
-            self.close(step);
+            self.close(step, None);
             return batch;
         }
         self.counters.batch_budget += budget as u64;
@@ -130,10 +130,11 @@ impl Core {
         self.steps.iter().any(Option::is_some)
     }
 
-    /// Finishes `step` (its invariants checked in debug builds).
-    fn close(&mut self, step: Step) {
+    /// Finishes `step` (its invariants checked in debug builds); `seconds`:
+    /// its forward and sampling, when it ran one.
+    fn close(&mut self, step: Step, seconds: Option<f64>) {
         let r = step.replica();
-        if let Err(e) = step.finish(&mut self.replicas) {
+        if let Err(e) = step.finish(&mut self.replicas, seconds) {
             protocol_bug(r, &e);
         }
     }
@@ -143,7 +144,7 @@ impl Core {
     #[cfg(test)]
     pub fn commit(&mut self, r: usize, plan: Vec<SeqPlan>, sampled: Vec<Option<Sampled>>) {
         self.commit_seqs(r, plan.into_iter().zip(sampled));
-        self.end_step(r);
+        self.end_step(r, None);
     }
 
     /// Commits some of replica `r`'s planned sequences: their computed
@@ -223,10 +224,10 @@ impl Core {
         }
     }
 
-    /// The end of replica `r`'s step: its programs leave the forward,
-    /// releases that waited for it are carried out, and the step is
-    /// finished.
-    pub fn end_step(&mut self, r: usize) {
+    /// The end of replica `r`'s step, whose forward and sampling took
+    /// `seconds`: its programs leave the forward, releases that waited for
+    /// it are carried out, and the step is finished.
+    pub fn end_step(&mut self, r: usize, seconds: Option<f64>) {
         let step = self.steps[r].take();
         let pending: Vec<ProgramId> = self
             .programs
@@ -238,7 +239,7 @@ impl Core {
             self.reap(p);
         }
         match step {
-            Some(step) => self.close(step),
+            Some(step) => self.close(step, seconds),
             None => protocol_bug(r, &StepError::NotOpen(r)),
         }
     }

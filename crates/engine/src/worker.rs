@@ -372,6 +372,7 @@ fn commit(
 ) -> Outbox {
     let mut seqs = plan.into_iter().zip(sampled).peekable();
     let mut events = Outbox::default();
+    let seconds = timing.forward_s + timing.sample_s.unwrap_or(0.0);
     let mut timing = Some(timing);
     loop {
         let mut core = shared.lock();
@@ -381,7 +382,7 @@ fn commit(
         core.commit_seqs(r, seqs.by_ref().take(COMMIT_SECTION_SEQS));
         let done = seqs.peek().is_none();
         if done {
-            core.end_step(r);
+            core.end_step(r, Some(seconds));
             core.flush_kv_events(r);
         }
         events.append(core.outbox.take());

@@ -36,6 +36,20 @@ pub struct ProbeResult {
     pub referenced_blocks: usize,
 }
 
+/// Where a program's full blocks are ([`KvCache::whereabouts`]), in
+/// blocks: what restoring it would cost — nothing, a copy from the host
+/// tier, or a recompute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Whereabouts {
+    /// In the device pool (held, or cached and evictable).
+    pub device: usize,
+    /// Copied out to the host tier (a restore copies them back).
+    pub host: usize,
+    /// Gone, and every block after the first gone one (a restore
+    /// recomputes them).
+    pub lost: usize,
+}
+
 /// Prefix-cache counters in tokens, with vLLM's meaning: a query is a prompt
 /// token looked up when a computation (re)starts, a hit one found computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -429,6 +443,26 @@ impl KvCache {
             }
         }
         r
+    }
+
+    /// Where the blocks of `p`'s recorded chain are now: held by it or
+    /// cached in the device pool, kept by the host tier, or lost (to be
+    /// recomputed). A prefix match reuses only a leading run, so every
+    /// block after the first lost one counts as lost too. O(chain).
+    pub fn whereabouts(&self, p: ProgramId) -> Whereabouts {
+        let mut w = Whereabouts::default();
+        for &h in self.program_hashes(p) {
+            if w.lost > 0 {
+                w.lost += 1;
+            } else if self.pool.lookup(h).is_some() {
+                w.device += 1;
+            } else if self.pool.host().is_some_and(|t| t.contains(h)) {
+                w.host += 1;
+            } else {
+                w.lost += 1;
+            }
+        }
+        w
     }
 
     /// Length of the leading run of `chain` referenced by some program here:

@@ -38,7 +38,7 @@ mod lru;
 mod pool;
 mod program;
 
-pub use cache::{CacheStats, KvCache, PrefixMatch, ProbeResult};
+pub use cache::{CacheStats, KvCache, PrefixMatch, ProbeResult, Whereabouts};
 pub use error::KvError;
 pub use events::KvEvent;
 pub use hash::BlockHash;

@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 
-use agentd_kv::{BlockCopy, BlockHash, BlockId, KvCache, KvEvent, ProgramId};
+use agentd_kv::{BlockCopy, BlockHash, BlockId, KvCache, KvEvent, ProgramId, Whereabouts};
 use proptest::prelude::*;
 
 const BS: usize = 4;
@@ -187,6 +187,16 @@ fn a_paused_program_is_restored_from_the_host_tier() {
     kv.allocate_slots(a, 25).unwrap();
     kv.commit(a, &ctx_a).unwrap();
     kv.pause(a);
+    let kept = Whereabouts {
+        device: 6,
+        host: 0,
+        lost: 0,
+    };
+    assert_eq!(
+        kv.whereabouts(a),
+        kept,
+        "paused: still cached on the device"
+    );
     // Another program takes the whole pool: a's six full blocks are evicted.
     let ctx_b: Vec<u32> = (100..132).collect();
     kv.match_prefix(b, &ctx_b);
@@ -200,9 +210,16 @@ fn a_paused_program_is_restored_from_the_host_tier() {
             .count(),
         6
     );
+    let swapped = Whereabouts {
+        device: 0,
+        host: 6,
+        lost: 0,
+    };
+    assert_eq!(kv.whereabouts(a), swapped, "evicted: kept by the tier");
     kv.release(b);
     let m = kv.match_prefix(a, &ctx_a);
     assert_eq!(m.cached_tokens, 24, "every full block comes back");
+    assert_eq!(kv.whereabouts(a), kept, "restored: on the device again");
     let onloads = kv
         .drain_copies()
         .into_iter()
@@ -248,5 +265,34 @@ fn an_ended_programs_blocks_are_not_offloaded() {
     kv.release(b);
     let m = kv.match_prefix(c, &ctx_a);
     assert_eq!(m.cached_tokens, 12, "the paused program's blocks come back");
+    kv.check_invariants().unwrap();
+}
+
+/// Without room in the tier an evicted block is lost, and so is every
+/// block after it: a prefix match stops at the first one missing.
+#[test]
+fn whereabouts_count_a_lost_block_and_all_after_it() {
+    let mut kv = KvCache::new(4, BS, 0);
+    kv.enable_host_tier(1);
+    let (a, b) = (ProgramId(1), ProgramId(2));
+    let ctx_a: Vec<u32> = (0..16).collect();
+    kv.match_prefix(a, &ctx_a);
+    kv.allocate_slots(a, 16).unwrap();
+    kv.commit(a, &ctx_a).unwrap();
+    kv.pause(a);
+    // b takes two blocks: two of a's four are evicted, the tier keeps one.
+    let ctx_b: Vec<u32> = (100..108).collect();
+    kv.match_prefix(b, &ctx_b);
+    kv.allocate_slots(b, 8).unwrap();
+    kv.commit(b, &ctx_b).unwrap();
+    let w = kv.whereabouts(a);
+    assert_eq!(w.device + w.host + w.lost, 4, "{w:?}");
+    assert!(w.lost >= 1, "{w:?}");
+    // Whatever came back is a leading run: device and host blocks before
+    // the first lost one, exactly what a prefix match reuses (once b's
+    // blocks make room for the onloads).
+    kv.release(b);
+    let m = kv.match_prefix(a, &ctx_a);
+    assert_eq!(m.cached_tokens, (w.device + w.host) * BS, "{w:?}");
     kv.check_invariants().unwrap();
 }

@@ -68,6 +68,9 @@ struct Room {
     wait: WaitBound,
     /// Blocks parked per replica, measured when a rotation first asks.
     parked: Vec<Option<f64>>,
+    /// Prefill seconds queued per replica, this decision's admissions
+    /// included (`admit_prefill_s`; zeros while the bound is off).
+    backlog_s: Vec<f64>,
 }
 
 impl Room {
@@ -107,6 +110,7 @@ impl ProgramScheduler {
             failed: [f64::INFINITY; 2],
             wait: self.wait_bound(mem),
             parked: vec![None; n],
+            backlog_s: (0..n).map(|r| self.prefill_backlog_s(r, mem)).collect(),
         };
         for p in self.candidates(now, room.wait.after_s) {
             // Admitted already with its group, or paused by this very
@@ -120,6 +124,53 @@ impl ProgramScheduler {
                 break;
             }
         }
+    }
+
+    /// Seconds replica `r` needs to prefill what its reasoning programs'
+    /// prompts still lack, at its measured rate (0 while the bound is off
+    /// or the rate unknown).
+    fn prefill_backlog_s(&self, r: usize, mem: &dyn Memory) -> f64 {
+        if !self.cfg.admit_prefill_s.is_finite() {
+            return 0.0;
+        }
+        let bs = mem.block_size();
+        self.active[r]
+            .iter()
+            .filter_map(|p| {
+                let prog = self.programs.get(p)?;
+                let held = mem.blocks_held(r, *p) * bs;
+                let left = prog.context_tokens.checked_sub(held)?;
+                let reasoning = prog.phase == Phase::Reasoning;
+                (reasoning && left > 0).then(|| mem.prefill_s(r, held, left))?
+            })
+            .sum()
+    }
+
+    /// The prompt tokens a unit needing `need` blocks would prefill when
+    /// admitted, for the compute bound: `None` (not bounded) while the
+    /// bound is off, for a unit with a member admitted before (a restore's
+    /// context mostly comes back from the cache or the tier) and for an
+    /// overdue one (the waiting bound comes first).
+    fn cold_prefill(
+        &self,
+        unit: &[ProgramId],
+        need: f64,
+        overdue: bool,
+        mem: &dyn Memory,
+    ) -> Option<usize> {
+        let bounded = self.cfg.admit_prefill_s.is_finite() && !overdue;
+        let cold = unit
+            .iter()
+            .all(|m| self.programs.get(m).is_some_and(|q| !q.admitted_once));
+        (bounded && cold).then(|| need.max(0.0) as usize * mem.block_size())
+    }
+
+    /// Whether `r`'s queued prefill, with `tokens` more, is computed within
+    /// the bound (always, while `r` has nothing queued).
+    fn within_compute(&self, r: usize, tokens: usize, mem: &dyn Memory, room: &Room) -> bool {
+        let queued = room.backlog_s[r];
+        queued <= 0.0
+            || queued + mem.prefill_s(r, 0, tokens).unwrap_or(0.0) <= self.cfg.admit_prefill_s
     }
 
     /// Overdue programs oldest first, then the queue's order.
@@ -210,12 +261,24 @@ impl ProgramScheduler {
         // waits for room there: anywhere else it would recompute its whole
         // context, which costs more than the wait (recompute ∝ c²).
         let sticky = home.filter(|_| own_survives);
-        let mut best = self.best_replica(need, sticky, mem, room);
+        let overdue = self.overdue(p, now, room.wait.after_s);
+        let cold = self.cold_prefill(&unit, need, overdue, mem);
+        let mut best = self.best_replica(need, sticky, mem, room, cold);
+        if best.is_none()
+            && cold.is_some()
+            && self.best_replica(need, sticky, mem, room, None).is_some()
+        {
+            // Its blocks would fit, its prompt would not be computed
+            // soon: it waits, holding nothing, while the queued prefill
+            // drains (a later, shorter one may still fit the bound).
+            debug!(program = %p, need, "compute bound: wait");
+            return true;
+        }
         if best.is_none() && unit.len() > 1 && !self.could_ever_fit(need, mem) {
             // Larger than any replica's room: member by member.
             unit.truncate(1);
             need = self.unit_need(&unit, now, mem).0;
-            best = self.best_replica(need, sticky, mem, room);
+            best = self.best_replica(need, sticky, mem, room, None);
         }
         let here = sticky.is_none_or(|h| h == l) && !room.reserved[l];
         if best.is_none() && here && room.running[l] == 0 {
@@ -230,7 +293,7 @@ impl ProgramScheduler {
                 best = self.make_room(&ask, now, mem, room, out);
             }
         }
-        if best.is_none() && here && self.overdue(p, now, room.wait.after_s) {
+        if best.is_none() && here && overdue {
             let ask = Ask {
                 l,
                 need,
@@ -245,6 +308,9 @@ impl ProgramScheduler {
         let Some(r) = best else {
             return self.reserve_for(mem, room);
         };
+        if let Some(tokens) = cold {
+            room.backlog_s[r] += mem.prefill_s(r, 0, tokens).unwrap_or(0.0);
+        }
         room.empty[r] = false;
         room.tentative[r] += need;
         // Until `r` recomputes its demand at its own next step, placements
@@ -277,13 +343,16 @@ impl ProgramScheduler {
         out.admit.push((p, r));
     }
 
-    /// The replica a unit needing `need` blocks fits now, if any.
+    /// The replica a unit needing `need` blocks fits now, if any; with
+    /// `prefill` tokens to compute, only a replica whose queued prefill
+    /// stays within the compute bound.
     fn best_replica(
         &self,
         need: f64,
         sticky: Option<usize>,
         mem: &dyn Memory,
         room: &Room,
+        prefill: Option<usize>,
     ) -> Option<usize> {
         // (replica, slack after placing)
         let mut best: Option<(usize, f64)> = None;
@@ -291,6 +360,7 @@ impl ProgramScheduler {
             if room.running[r] >= self.cfg.max_running
                 || sticky.is_some_and(|h| h != r)
                 || room.reserved[r]
+                || prefill.is_some_and(|t| !self.within_compute(r, t, mem, room))
             {
                 continue;
             }

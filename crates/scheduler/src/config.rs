@@ -117,6 +117,37 @@ pub struct SchedulerConfig {
     /// rather than by the global decay; 1 (the default, as for the global
     /// decay) disables it. Named tools set the pause order whatever this is.
     pub tool_decay_base: f64,
+    /// The largest share of a decoding step's time its prefill chunks may
+    /// take: the chunks of a step that decodes get at most
+    /// `share / (1 - share)` times the decodes' own predicted time (the
+    /// fit of the replica's measured steps, `rates.rs`), so each output
+    /// token waits at most `1 / (1 - share)` decode steps. 1 turns the cap
+    /// off (every step takes prefill up to the token budget). Off by
+    /// default: no regime measured so far gains from it. `agentd simulate
+    /// --workload long` (32,768-token pool, a 262,144-token tier, 2048-token
+    /// budget, 600 s) at 16 / 48 programs: on `--cost cpu-avx2` 117.0 /
+    /// 121.4 steps/min off, 116.6 / 121.4 at 0.9, 115.4 / 119.9 at 0.8,
+    /// 114.3 / 119.0 at 0.6; on `cpu-portable` (long prefills the
+    /// bottleneck) 52.8 / 58.1 off against 52.0-52.3 / 57.3-57.9. On the
+    /// engine (AMD EPYC, forced avx2 kernels, 16 programs of ~4k-token
+    /// contexts joining mid-history, single runs) 0.8 ran 81.5 steps/min,
+    /// p99 50.9 s, against 81.0, 28.8 s without the cap.
+    pub prefill_share: f64,
+    /// Compute-bounded admission: a replica with prompts still to prefill
+    /// takes a new program only while all of it — theirs and the new
+    /// one's — is computed within this many seconds at the replica's
+    /// measured prefill rate (`rates.rs`), so admitted programs finish
+    /// their turns instead of all waiting on one long prefill queue. A
+    /// replica with nothing to prefill takes any program (work
+    /// conservation), restores are not bounded (their context mostly comes
+    /// back from the cache or the host tier), and an overdue program is
+    /// admitted whatever the bound. Infinity turns it off, the default:
+    /// in `agentd simulate --workload long` it bound nothing above 2 s
+    /// (identical runs at 5, 10, 20, 30 s and off, on cpu-avx2,
+    /// cpu-avx512 and cpu-portable costs at 16 and 48 programs): a new
+    /// program there arrives behind at most a turn's prefill, and at 2 s
+    /// it changed 52.8 to 52.3 steps/min (cpu-portable, 16 programs).
+    pub admit_prefill_s: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -164,6 +195,8 @@ impl SchedulerConfig {
         rotate_after_turns: 1.0,
         group_gather_s: 0.05,
         tool_decay_base: 1.0,
+        prefill_share: 1.0,
+        admit_prefill_s: f64::INFINITY,
     };
 
     /// `f(t) = x^(-t/Δ)`: the weight of an acting program's exclusive memory
@@ -201,6 +234,18 @@ impl SchedulerConfig {
                 "max_wait_s and rotate_after_turns must be > 0, group_gather_s and idle_reclaim_after_s >= 0"
                     .into(),
             );
+        }
+        if self.admit_prefill_s.is_nan() || self.admit_prefill_s <= 0.0 {
+            return Err(format!(
+                "admit_prefill_s must be > 0, got {}",
+                self.admit_prefill_s
+            ));
+        }
+        if !(self.prefill_share > 0.0 && self.prefill_share <= 1.0) {
+            return Err(format!(
+                "prefill_share must be in (0, 1], got {}",
+                self.prefill_share
+            ));
         }
         if self.max_running == 0 {
             return Err("max_running must be at least 1".into());

@@ -29,6 +29,7 @@ mod memory;
 mod program;
 mod program_policy;
 mod queue;
+mod rates;
 mod replica_set;
 mod request_policy;
 mod rotation;
@@ -42,8 +43,10 @@ pub use memory::{Memory, Replicas};
 pub use program::{Lifecycle, Phase, ProgramInfo, ProgramTable, State};
 pub use program_policy::ProgramScheduler;
 pub use queue::WaitingQueue;
+pub use rates::{StepRates, StepWork};
 pub use replica_set::{
     Contexts, CoreStats, Planned, ReplicaSet, Scheduled, Started, StepPlan, LEASE_CHECK_S,
+    MIN_PREFILL_CHUNK,
 };
 pub use request_policy::RequestScheduler;
 pub use step::{Step, StepError};

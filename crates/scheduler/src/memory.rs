@@ -1,6 +1,9 @@
 use agentd_kv::{KvCache, ProgramId};
 
-/// What the scheduler may know about the KV caches: exact block counts, no tensors.
+use crate::StepRates;
+
+/// What the scheduler may know about the replicas: exact block counts of
+/// their KV caches (no tensors), and what their steps cost as measured.
 pub trait Memory {
     fn num_replicas(&self) -> usize;
     /// Blocks in replica `r`'s pool.
@@ -27,10 +30,16 @@ pub trait Memory {
     fn host_capacity(&self, _r: usize) -> usize {
         0
     }
+    /// Seconds of step time replica `r` spends prefilling `n` tokens after
+    /// `cached` ones, from its measured steps (`rates.rs`); `None` until it
+    /// has measured enough.
+    fn prefill_s(&self, _r: usize, _cached: usize, _n: usize) -> Option<f64> {
+        None
+    }
 }
 
-/// [`Memory`] over the engine's per-replica caches.
-pub struct Replicas<'a>(pub &'a [KvCache]);
+/// [`Memory`] over the engine's per-replica caches and step-time fits.
+pub struct Replicas<'a>(pub &'a [KvCache], pub &'a [StepRates]);
 
 impl Memory for Replicas<'_> {
     fn num_replicas(&self) -> usize {
@@ -62,5 +71,8 @@ impl Memory for Replicas<'_> {
     }
     fn host_capacity(&self, r: usize) -> usize {
         self.0[r].pool().host().map_or(0, |t| t.num_slots())
+    }
+    fn prefill_s(&self, r: usize, cached: usize, n: usize) -> Option<f64> {
+        self.1.get(r)?.prefill_s(cached, n)
     }
 }

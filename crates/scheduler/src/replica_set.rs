@@ -18,14 +18,18 @@
 //! [`ReplicaSet::expire`]) are public, hidden from the docs, only for the
 //! scheduler's own test harness, which drives them one by one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use agentd_kv::{BlockCopy, BlockHash, KvCache, KvError, KvEvent, PrefixMatch, ProgramId};
+use agentd_kv::{BlockCopy, KvCache, KvError, KvEvent, PrefixMatch, ProgramId};
 use tracing::debug;
+
+mod batch;
+
+pub use batch::MIN_PREFILL_CHUNK;
 
 use crate::{
     Decision, GroupId, GroupJoin, PauseCause, PauseCounts, Policy, ProgramTable, Replicas, Route,
-    StepError, ToolId,
+    StepError, StepRates, StepWork, ToolId,
 };
 
 /// How often (seconds of `now`) leases are checked: `Policy::expire` walks
@@ -135,6 +139,12 @@ pub struct ReplicaSet<P: Policy = Box<dyn Policy>> {
     id: u64,
     /// Replicas with a [`crate::Step`] open.
     open: Vec<bool>,
+    /// Each replica's step-time fit, from the seconds its driver reports
+    /// at [`crate::Step::finish`] (`rates.rs`).
+    rates: Vec<StepRates>,
+    /// The largest share of a decoding step's time its prefill chunks may
+    /// take (`SchedulerConfig::prefill_share`; 1: no cap).
+    prefill_share: f64,
 }
 
 impl<P: Policy> ReplicaSet<P> {
@@ -162,7 +172,15 @@ impl<P: Policy> ReplicaSet<P> {
             stats: CoreStats::default(),
             id: crate::step::next_set_id(),
             open: vec![false; n],
+            rates: vec![StepRates::default(); n],
+            prefill_share: 1.0,
         }
+    }
+
+    /// The step balance of `cfg` (`SchedulerConfig::prefill_share`).
+    pub fn with_step_balance(mut self, cfg: &crate::SchedulerConfig) -> Self {
+        self.prefill_share = cfg.prefill_share;
+        self
     }
 
     /// Puts a host tier of `slots` blocks behind each replica's pool
@@ -187,11 +205,11 @@ impl<P: Policy> ReplicaSet<P> {
     }
     /// The caches as the policies see them.
     pub fn memory(&self) -> Replicas<'_> {
-        Replicas(&self.kv)
+        Replicas(&self.kv, &self.rates)
     }
     /// The policy, to call, with the caches it reads.
     pub fn policy_and_memory(&mut self) -> (&mut P, Replicas<'_>) {
-        (&mut self.policy, Replicas(&self.kv))
+        (&mut self.policy, Replicas(&self.kv, &self.rates))
     }
     /// Starts recording KV events on every replica's cache
     /// (`--kv-events-config`); call it while the caches are still empty.
@@ -248,6 +266,14 @@ impl<P: Policy> ReplicaSet<P> {
     }
     pub fn stats(&self) -> CoreStats {
         self.stats
+    }
+    /// Replica `r`'s step-time fit (`rates.rs`).
+    pub fn rates(&self, r: usize) -> &StepRates {
+        &self.rates[r]
+    }
+    /// A step of `r` that computed `work` took `seconds`.
+    pub(crate) fn observe_step(&mut self, r: usize, work: &StepWork, seconds: f64) {
+        self.rates[r].observe(work, seconds);
     }
 
     /// A request of `p` arrived (its context is in `ctx`); it starts at once
@@ -331,7 +357,9 @@ impl<P: Policy> ReplicaSet<P> {
         } else {
             Vec::new()
         };
-        let decision = self.policy.schedule(r, now, &Replicas(&self.kv));
+        let decision = self
+            .policy
+            .schedule(r, now, &Replicas(&self.kv, &self.rates));
         for &(p, cause) in &decision.pause {
             if let Some(h) = self.home(p) {
                 self.pause_on(p, h);
@@ -363,110 +391,6 @@ impl<P: Policy> ReplicaSet<P> {
         gone
     }
 
-    /// The batch of `r` for this step: decode tokens first (one each,
-    /// latency-critical), then prefill chunks, in start order, under
-    /// `budget` tokens.
-    #[doc(hidden)]
-    pub fn plan_batch(
-        &mut self,
-        r: usize,
-        now: f64,
-        budget: usize,
-        ctx: &impl Contexts,
-    ) -> StepPlan {
-        let mut order: Vec<(bool, ProgramId)> = self.running[r]
-            .iter()
-            .map(|&p| (!self.is_decoding(r, p, ctx), p))
-            .collect();
-        order.sort_by_key(|&(prefill, _)| prefill);
-        let mut plan = StepPlan {
-            budget_left: budget,
-            ..StepPlan::default()
-        };
-        // Blocks this step's prefills fill, for in-batch prefix sharing.
-        let mut filling: HashSet<BlockHash> = HashSet::new();
-        for (prefill, p) in order {
-            if plan.budget_left == 0 {
-                break;
-            }
-            if !self.running[r].contains(&p) {
-                continue; // paused by an earlier allocation of this step
-            }
-            let Some(tokens) = ctx.context(p) else {
-                continue;
-            };
-            let len = tokens.len();
-            if prefill && !ctx.full_prefill(p) {
-                // What a program planned earlier computed in a past step
-                // (the block it waited on) is cached now: take it.
-                self.kv[r].extend_match(p, tokens);
-                let next = self.kv[r].next_block_hash(p, tokens);
-                if next.is_some_and(|h| filling.contains(&h)) {
-                    plan.deferred += 1;
-                    continue;
-                }
-            }
-            let computed = self.kv[r].num_computed(p);
-            let n = len.saturating_sub(computed).min(plan.budget_left);
-            if n == 0 || !self.reserve(r, p, n, now, &mut plan.preempted) {
-                continue;
-            }
-            if prefill {
-                filling.extend(self.kv[r].blocks_filled_by(p, tokens, n));
-            }
-            plan.seqs.push(Planned {
-                program: p,
-                num_computed: computed,
-                num_new: n,
-                decoding: !prefill,
-                wants_logits: computed + n == len,
-            });
-            plan.budget_left -= n;
-        }
-        // A victim paused after being planned must not run.
-        let running = &self.running[r];
-        plan.seqs.retain(|s| running.contains(&s.program));
-        plan
-    }
-
-    /// One definition of "decoding" for every caller: the request has
-    /// generated a token and that token is the only one not yet in KV.
-    pub fn is_decoding(&self, r: usize, p: ProgramId, ctx: &impl Contexts) -> bool {
-        ctx.generated(p) > 0
-            && ctx
-                .context(p)
-                .is_some_and(|c| c.len() == self.kv[r].num_computed(p) + 1)
-    }
-
-    /// Allocates slots for `n` tokens of `p` on `r`, pausing the policy's
-    /// victims while blocks are short. False when `p` itself was paused (or
-    /// nothing can be paused).
-    #[doc(hidden)]
-    pub fn reserve(
-        &mut self,
-        r: usize,
-        p: ProgramId,
-        n: usize,
-        now: f64,
-        victims: &mut Vec<ProgramId>,
-    ) -> bool {
-        loop {
-            if self.kv[r].allocate_slots(p, n).is_ok() {
-                return true;
-            }
-            let Some(v) = self.policy.preempt(r, now, &Replicas(&self.kv), p) else {
-                return false;
-            };
-            debug!(replica = r, victim = %v, "blocks exhausted: pause");
-            self.pause_on(v, r);
-            self.stats.pauses.add(PauseCause::Exhaustion);
-            victims.push(v);
-            if v == p {
-                return false;
-            }
-        }
-    }
-
     /// Pauses every program running on `r` by the policy's own order, as
     /// block exhaustion does (SGLang's `pause_generation` in `retract`
     /// mode): their requests go back to the queue with the tokens generated
@@ -485,7 +409,10 @@ impl<P: Policy> ReplicaSet<P> {
             if paused.len() > bound {
                 break;
             }
-            let Some(v) = self.policy.preempt(r, now, &Replicas(&self.kv), protect) else {
+            let Some(v) = self
+                .policy
+                .preempt(r, now, &Replicas(&self.kv, &self.rates), protect)
+            else {
                 break;
             };
             self.pause_on(v, r);

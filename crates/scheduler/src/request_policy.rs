@@ -65,6 +65,9 @@ impl Policy for RequestScheduler {
         prog.context_tokens = context_tokens;
         prog.last_activity = now;
         prog.phase = Phase::Reasoning;
+        if prog.in_flight == 0 {
+            prog.request_at = now;
+        }
         prog.in_flight += 1;
         prog.replica = Some(r);
         if prog.state == State::Active {

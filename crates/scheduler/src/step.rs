@@ -7,7 +7,8 @@
 //!   Step::plan(budget)             the batch, its slots reserved, the tier copies drained
 //!   (the forward, or the simulator's step-time model)
 //!   Step::commit(p, tokens)        per planned sequence
-//! Step::finish                     the KV invariants checked, the step closed
+//! Step::finish(seconds)            the step's time fitted (`rates.rs`), the KV
+//!                                  invariants checked, the step closed
 //! Step::abort                      (the forward failed) the batch paused, the step closed
 //! ```
 //!
@@ -21,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use agentd_kv::{BlockCopy, KvError, ProgramId};
 
-use crate::{Contexts, Policy, ReplicaSet, Scheduled, StepPlan};
+use crate::{Contexts, Policy, ReplicaSet, Scheduled, StepPlan, StepWork};
 
 /// Ids of replica sets, so a [`Step`] is only ever used on its own set.
 static NEXT_SET: AtomicU64 = AtomicU64::new(1);
@@ -63,6 +64,8 @@ pub struct Step {
     scheduled: Scheduled,
     /// The programs of the batch, once planned (in plan order).
     batch: Option<Vec<ProgramId>>,
+    /// What the planned batch computes (and copies), for the step-time fit.
+    work: StepWork,
 }
 
 impl<P: Policy> ReplicaSet<P> {
@@ -89,6 +92,7 @@ impl<P: Policy> ReplicaSet<P> {
             now,
             scheduled,
             batch: None,
+            work: StepWork::default(),
         })
     }
 }
@@ -143,6 +147,7 @@ impl Step {
         self.batch = Some(plan.seqs.iter().map(|s| s.program).collect());
         verify(set, r)?;
         let copies = set.drain_copies(r);
+        self.work = work_of(&plan, copies.len() * set.kv(r).block_size());
         Ok((plan, copies))
     }
 
@@ -164,11 +169,27 @@ impl Step {
         Ok(set.commit(self.replica, p, tokens)?)
     }
 
-    /// Ends the step: the replica may begin the next one. Checks the KV
-    /// invariants when the set checks them (debug builds, tests); the step
-    /// is closed even when they fail.
-    pub fn finish<P: Policy>(self, set: &mut ReplicaSet<P>) -> Result<(), StepError> {
+    /// What the planned batch computes (empty until planned).
+    pub fn work(&self) -> &StepWork {
+        &self.work
+    }
+
+    /// Ends the step: the replica may begin the next one. `seconds` is how
+    /// long its forward (copies and sampling included) took — measured by
+    /// the engine, modelled by the simulator; `None` for a step that ran
+    /// no forward — and feeds the replica's step-time fit
+    /// ([`ReplicaSet::rates`]). Checks the KV invariants when the set
+    /// checks them (debug builds, tests); the step is closed even when
+    /// they fail.
+    pub fn finish<P: Policy>(
+        self,
+        set: &mut ReplicaSet<P>,
+        seconds: Option<f64>,
+    ) -> Result<(), StepError> {
         self.check(set)?;
+        if let Some(s) = seconds {
+            set.observe_step(self.replica, &self.work, s);
+        }
         set.close_step(self.replica);
         verify(set, self.replica)
     }
@@ -188,6 +209,23 @@ impl Step {
         verify(set, r)?;
         Ok(programs)
     }
+}
+
+/// What `plan` computes, with `copied_tokens` moved between the tiers.
+fn work_of(plan: &StepPlan, copied_tokens: usize) -> StepWork {
+    let mut w = StepWork {
+        copied_tokens,
+        ..StepWork::default()
+    };
+    for s in &plan.seqs {
+        if s.decoding {
+            w.add_decode(s.num_computed);
+        } else {
+            w.add_prefill(s.num_computed, s.num_new);
+        }
+        w.rows += usize::from(s.wants_logits);
+    }
+    w
 }
 
 fn verify<P: Policy>(set: &ReplicaSet<P>, r: usize) -> Result<(), StepError> {

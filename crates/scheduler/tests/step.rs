@@ -50,7 +50,7 @@ fn run_step(core: &mut ReplicaSet<ProgramScheduler>, ctx: &Ctx, r: usize) -> Vec
         let toks = &ctx.0[&s.program][s.num_computed..s.num_computed + s.num_new];
         step.commit(core, s.program, toks).expect("planned slots");
     }
-    step.finish(core).expect("invariants hold");
+    step.finish(core, None).expect("invariants hold");
     plan.seqs.iter().map(|s| s.program).collect()
 }
 
@@ -68,10 +68,10 @@ fn a_replica_has_one_step_open_at_a_time() {
         core.begin_step(7, 0.0, &ctx),
         Err(StepError::NoReplica(7))
     ));
-    step.finish(&mut core).expect("empty step");
-    other.finish(&mut core).expect("empty step");
+    step.finish(&mut core, None).expect("empty step");
+    other.finish(&mut core, None).expect("empty step");
     let again = core.begin_step(0, 0.0, &ctx).expect("0 is closed again");
-    again.finish(&mut core).expect("empty step");
+    again.finish(&mut core, None).expect("empty step");
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn a_step_is_planned_once_and_commits_only_its_batch() {
         step.commit(&mut core, pid(1), &toks).expect("slots"),
         3 * BS
     );
-    step.finish(&mut core).expect("invariants hold");
+    step.finish(&mut core, None).expect("invariants hold");
     assert_eq!(core.kv(0).num_computed(pid(1)), 3 * BS);
     assert_eq!(core.kv(0).pool().num_referenced(), 3);
 }
@@ -129,7 +129,7 @@ fn a_step_of_another_set_is_refused_and_changes_nothing() {
     step.commit(&mut a, pid(1), &toks).expect("a's slots");
     // b has no step open: its own steps still run.
     assert_eq!(run_step(&mut b, &ctx, 0), vec![pid(1)]);
-    step.finish(&mut a).expect("invariants hold");
+    step.finish(&mut a, None).expect("invariants hold");
     assert_eq!(a.kv(0).num_computed(pid(1)), 2 * BS);
 }
 
@@ -208,7 +208,7 @@ fn a_step_short_of_blocks_commits_only_what_it_kept() {
     assert_ne!(kept.program, paused[0]);
     let toks = &ctx.0[&kept.program][kept.num_computed..kept.num_computed + kept.num_new];
     step.commit(&mut core, kept.program, toks).expect("slots");
-    step.finish(&mut core).expect("invariants hold");
+    step.finish(&mut core, None).expect("invariants hold");
     assert_eq!(core.kv(0).num_computed(kept.program), 11 * BS - 1);
     assert!(core.kv(0).pool().num_referenced() <= 16);
     assert_eq!(core.running(0), &[kept.program]);
@@ -240,7 +240,7 @@ fn retract_and_flush_wait_for_the_open_step() {
         step.commit(&mut core, s.program, toks)
             .expect("planned slots");
     }
-    step.finish(&mut core).expect("invariants hold");
+    step.finish(&mut core, None).expect("invariants hold");
     // Between steps: both are paused with their requests in flight, their
     // computed blocks left cached; the flush then forgets them.
     let mut retracted = core.retract(0, 1.0).expect("between steps");

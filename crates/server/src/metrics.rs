@@ -101,6 +101,8 @@ const ENGINE: &[Family<MetricsSnapshot>] = &[
     value("agentd:kv_offloaded_blocks_total", COUNTER, "Cached KV blocks copied to the host tier as the device pool evicted them.", |m| m.kv_offloaded_blocks as f64),
     value("agentd:kv_onloaded_blocks_total", COUNTER, "KV blocks copied back from the host tier by a prefix match (not recomputed).", |m| m.kv_onloaded_blocks as f64),
     value("agentd:kv_host_usage_perc", GAUGE, "Fraction of the host tier's blocks holding cached content (0 without one).", |m| m.host_blocks_used as f64 / m.host_blocks.max(1) as f64),
+    value("agentd:fit_prefill_tokens_per_second", GAUGE, "Prefill rate the engine measured on its own steps (a 1024-token chunk after 1024 cached tokens; 0 until enough steps were seen).", |m| m.fit_prefill_tokens_per_s),
+    value("agentd:fit_decode_step_seconds", GAUGE, "Time of a one-sequence decode step at a 1024-token context, from the engine's fit of its own steps (0 until enough steps were seen).", |m| m.fit_decode_step_s),
     value("agentd:exhaustion_preemptions_total", COUNTER, "Programs paused because KV blocks ran out while planning a step.", |m| m.exhaustion_preemptions as f64),
     value("agentd:batch_tokens_total", COUNTER, "Tokens planned into engine steps (prefill chunks and decode).", |m| m.counters.batch_tokens as f64),
     value("agentd:batch_budget_tokens_total", COUNTER, "Token budget of the engine steps that ran (batch fill = tokens / budget).", |m| m.counters.batch_budget as f64),
@@ -283,6 +285,8 @@ mod tests {
             kv_onloaded_blocks: 3,
             host_blocks_used: 1,
             host_blocks: 4,
+            fit_prefill_tokens_per_s: 2500.0,
+            fit_decode_step_s: 0.015,
         }
     }
 
@@ -310,6 +314,8 @@ mod tests {
             format!("agentd:kv_offloaded_blocks_total{{{l}}} 7"),
             format!("agentd:kv_onloaded_blocks_total{{{l}}} 3"),
             format!("agentd:kv_host_usage_perc{{{l}}} 0.25"),
+            format!("agentd:fit_prefill_tokens_per_second{{{l}}} 2500"),
+            format!("agentd:fit_decode_step_seconds{{{l}}} 0.015"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.01\"}} 0"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.04\"}} 1"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"+Inf\"}} 1"),

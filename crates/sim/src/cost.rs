@@ -61,6 +61,10 @@ pub enum CostPreset {
     CpuAvx2,
     /// The CPU bench shape on the AVX-512 kernels.
     CpuAvx512,
+    /// The CPU bench shape on the portable kernels: what an AVX2 machine
+    /// ran before it had AVX2 kernels (issue 27), where long prefills are
+    /// the bottleneck (issue 32's held-out runs).
+    CpuPortable,
 }
 
 impl std::str::FromStr for CostPreset {
@@ -70,8 +74,9 @@ impl std::str::FromStr for CostPreset {
             "h100" => Ok(Self::H100),
             "cpu-avx2" => Ok(Self::CpuAvx2),
             "cpu-avx512" => Ok(Self::CpuAvx512),
+            "cpu-portable" => Ok(Self::CpuPortable),
             other => Err(format!(
-                "unknown cost preset '{other}' (expected h100, cpu-avx2 or cpu-avx512)"
+                "unknown cost preset '{other}' (expected h100, cpu-avx2, cpu-avx512 or cpu-portable)"
             )),
         }
     }
@@ -83,6 +88,7 @@ impl std::fmt::Display for CostPreset {
             Self::H100 => "h100",
             Self::CpuAvx2 => "cpu-avx2",
             Self::CpuAvx512 => "cpu-avx512",
+            Self::CpuPortable => "cpu-portable",
         })
     }
 }
@@ -93,6 +99,7 @@ impl From<CostPreset> for StepCost {
             CostPreset::H100 => Self::default(),
             CostPreset::CpuAvx2 => Self::cpu(false),
             CostPreset::CpuAvx512 => Self::cpu(true),
+            CostPreset::CpuPortable => Self::cpu_portable(),
         }
     }
 }
@@ -162,6 +169,22 @@ impl StepCost {
                 copy_token_s: 3.0e-6,
                 per_logits_s: 1.55e-3,
             }
+        }
+    }
+
+    /// The CPU bench shape on the portable kernels, fitted to the same
+    /// table's portable columns: prefill 3332 / 925 / 412 tok/s at 512 /
+    /// 4096 / 8192 tokens (~190 µs a token and ~440 ns an attention pair:
+    /// 9x the AVX-512 path's pairs), decode at batch 1 107 / 76 tok/s at
+    /// 512 / 4096 (~1.06 µs a context token over ~8.8 ms).
+    pub fn cpu_portable() -> Self {
+        Self {
+            fixed_s: 8.8e-3,
+            per_token_s: 190.0e-6,
+            attn_pair_s: 440.0e-9,
+            kv_read_s: 1.06e-6,
+            copy_token_s: 3.0e-6,
+            per_logits_s: 1.55e-3,
         }
     }
 

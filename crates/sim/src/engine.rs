@@ -135,7 +135,8 @@ impl Simulation {
             0,
             cfg.check_invariants,
         )
-        .with_host_tier(cfg.host_kv_tokens / cfg.block_size);
+        .with_host_tier(cfg.host_kv_tokens / cfg.block_size)
+        .with_step_balance(&cfg.scheduler);
         let replicas = (0..cfg.replicas)
             .map(|_| Replica {
                 busy: false,

@@ -75,14 +75,14 @@ impl Simulation {
             }
             self.note_computed(s.program, r);
         }
-        step.finish(&mut self.core)
+        let dt = (shape.tokens > 0).then(|| self.cfg.cost.step_time(&shape));
+        step.finish(&mut self.core, dt)
             .map_err(|e| invariant(self.now, e))?;
-        if shape.tokens == 0 {
+        let Some(dt) = dt else {
             self.replicas[r].busy = false;
             return Ok(());
-        }
+        };
         self.metrics.engine_steps += 1;
-        let dt = self.cfg.cost.step_time(&shape);
         self.push(self.now + dt, Event::Step(r));
         Ok(())
     }
