@@ -284,6 +284,11 @@ fn a_tiny_pool_pauses_and_restores_without_failures_or_leaks() {
         metric(&m, "vllm:kv_cache_usage_perc") > 0.0,
         "programs keep their KV between turns"
     );
+    // Hundreds of steps ran: the engine fitted its own step time.
+    let decode_s = metric(&m, "agentd:fit_decode_step_seconds");
+    assert!(decode_s > 0.0 && decode_s < 10.0, "{m}");
+    let prefill = metric(&m, "agentd:fit_prefill_tokens_per_second");
+    assert!(prefill.is_finite() && prefill >= 0.0, "{m}");
 
     let mut ids = program_ids(tight);
     ids.sort();

@@ -370,6 +370,18 @@ fn program_ids_from_body_extra_body_and_header_then_release() {
         .unwrap();
     assert_eq!(p["phase"], "acting");
     assert_eq!(p["lifecycle"], "acting", "{p}");
+    // Acting, it keeps its KV on the device: every full block is there
+    // (the partial tail block has no hash yet), none swapped or lost.
+    let (device, held) = (p["kv"]["device"].as_u64(), p["blocks_held"].as_u64());
+    assert!(
+        matches!((device, held), (Some(d), Some(h)) if d <= h && d + 1 >= h),
+        "{p}"
+    );
+    assert_eq!(
+        (p["kv"]["host"].as_u64(), p["kv"]["lost"].as_u64()),
+        (Some(0), Some(0)),
+        "{p}"
+    );
 
     for id in ["pid-body", "pid-extra", "pid-header"] {
         let r = post(addr, "/programs/release", &json!({"program_id": id}));
