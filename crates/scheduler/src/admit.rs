@@ -9,6 +9,12 @@
 //! 2. the queue's own order: restores before new programs, shortest first
 //!    with aging.
 //!
+//! With `admit_prefill_s` set (off by default), a replica with prompts
+//! still to prefill takes a *new* program only while the prefill queued
+//! there, the newcomer's included, is computed within that many seconds at
+//! the replica's measured rate (`rates.rs`); a newcomer held back by it
+//! waits without holding blocks, and the next candidates are tried.
+//!
 //! A candidate is admitted together with the waiting members of its group
 //! (one *unit*, one replica, so the members share their prompt's blocks). A
 //! unit goes where `D + need ≤ λmin·C` (most room, or best fit), on its
