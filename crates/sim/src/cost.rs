@@ -104,34 +104,10 @@ impl From<CostPreset> for StepCost {
     }
 }
 
-/// What one step computes, summed over its sequences.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StepShape {
-    /// New tokens computed (prefill chunks plus one per decoding sequence).
-    pub tokens: usize,
-    /// Attention (query, key) pairs of the prefill chunks.
-    pub prefill_pairs: f64,
-    /// Context tokens read by decoding sequences.
-    pub decode_context: usize,
-    /// Tokens copied between the KV tiers before the forward.
-    pub copied_tokens: usize,
-    /// Sequences that sample a token this step.
-    pub logits: usize,
-}
-
-impl StepShape {
-    pub fn add_prefill(&mut self, cached: usize, n: usize) {
-        self.tokens += n;
-        self.prefill_pairs += n as f64 * (cached as f64 + n as f64 / 2.0);
-    }
-    pub fn add_decode(&mut self, context: usize) {
-        self.tokens += 1;
-        self.decode_context += context;
-    }
-    pub fn add_logits(&mut self) {
-        self.logits += 1;
-    }
-}
+/// What one step computes is the scheduler's [`StepWork`]: the same
+/// terms the engine's own step-time fit regresses on (`rates.rs`), so a
+/// fit over simulated steps recovers these constants.
+pub use agentd_scheduler::StepWork;
 
 impl StepCost {
     /// The CPU bench shape, fitted to the kernel table (2 threads, tok/s):
@@ -188,13 +164,13 @@ impl StepCost {
         }
     }
 
-    pub fn step_time(&self, s: &StepShape) -> f64 {
+    pub fn step_time(&self, s: &StepWork) -> f64 {
         self.fixed_s
             + self.per_token_s * s.tokens as f64
             + self.attn_pair_s * s.prefill_pairs
             + self.kv_read_s * s.decode_context as f64
             + self.copy_token_s * s.copied_tokens as f64
-            + self.per_logits_s * s.logits as f64
+            + self.per_logits_s * s.rows as f64
     }
 }
 
@@ -210,8 +186,8 @@ mod tests {
     #[test]
     fn decode_step_grows_with_context() {
         let c = StepCost::default();
-        let mut small = StepShape::default();
-        let mut large = StepShape::default();
+        let mut small = StepWork::default();
+        let mut large = StepWork::default();
         for _ in 0..32 {
             small.add_decode(1_000);
             large.add_decode(30_000);
@@ -231,9 +207,9 @@ mod tests {
         for (avx512, prefill, b1, b32) in cases {
             let c = StepCost::cpu(avx512);
             for (n, want) in [512usize, 4096, 8192].into_iter().zip(prefill) {
-                let mut s = StepShape::default();
+                let mut s = StepWork::default();
                 s.add_prefill(0, n);
-                s.add_logits();
+                s.rows += 1;
                 let got = n as f64 / c.step_time(&s);
                 assert!(
                     (got / want - 1.0).abs() < 0.15,
@@ -241,10 +217,10 @@ mod tests {
                 );
             }
             for (batch, want) in [(1usize, b1), (32, b32)] {
-                let mut s = StepShape::default();
+                let mut s = StepWork::default();
                 for _ in 0..batch {
                     s.add_decode(512);
-                    s.add_logits();
+                    s.rows += 1;
                 }
                 let got = batch as f64 / c.step_time(&s);
                 assert!(
@@ -259,9 +235,9 @@ mod tests {
 
     #[test]
     fn prefill_attention_is_quadratic() {
-        let mut a = StepShape::default();
+        let mut a = StepWork::default();
         a.add_prefill(0, 8_000);
-        let mut b = StepShape::default();
+        let mut b = StepWork::default();
         b.add_prefill(0, 16_000);
         assert!(b.prefill_pairs > 3.9 * a.prefill_pairs);
     }

@@ -17,7 +17,7 @@ mod result;
 mod step;
 pub mod workload;
 
-pub use cost::{CostPreset, StepCost, StepShape, H100_QWEN3_8B_FP8_KV_TOKENS};
+pub use cost::{CostPreset, StepCost, StepWork, H100_QWEN3_8B_FP8_KV_TOKENS};
 pub use engine::Simulation;
 pub use result::RunResult;
 pub use workload::Workload;

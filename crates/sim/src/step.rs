@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use agentd_scheduler::StepError;
 
-use crate::cost::StepShape;
+use crate::cost::StepWork;
 use crate::engine::{append_tokens, Event, SimCtx};
 use crate::{SimError, Simulation};
 
@@ -42,9 +42,9 @@ impl Simulation {
             .map_err(|e| invariant(self.now, e))?;
         // Copies decided since this replica's last step (its admissions,
         // and starts at arrival), carried out before the forward.
-        let mut shape = StepShape {
+        let mut shape = StepWork {
             copied_tokens: copies.len() * self.cfg.block_size,
-            ..StepShape::default()
+            ..StepWork::default()
         };
         if self.metrics.in_window(self.now) {
             self.metrics.copied_tokens += shape.copied_tokens as u64;
@@ -62,7 +62,7 @@ impl Simulation {
                 shape.add_prefill(from, s.num_new);
             }
             if s.wants_logits {
-                shape.add_logits();
+                shape.rows += 1;
                 // The step's logits for the last token sample the next one.
                 append_tokens(prog, s.program, 1);
                 prog.generated += 1;
