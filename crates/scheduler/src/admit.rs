@@ -268,7 +268,7 @@ impl ProgramScheduler {
         // context, which costs more than the wait (recompute ∝ c²).
         let sticky = home.filter(|_| own_survives);
         let overdue = self.overdue(p, now, room.wait.after_s);
-        let cold = self.cold_prefill(&unit, need, overdue, mem);
+        let mut cold = self.cold_prefill(&unit, need, overdue, mem);
         let mut best = self.best_replica(need, sticky, mem, room, cold);
         if best.is_none()
             && cold.is_some()
@@ -284,6 +284,7 @@ impl ProgramScheduler {
             // Larger than any replica's room: member by member.
             unit.truncate(1);
             need = self.unit_need(&unit, now, mem).0;
+            cold = self.cold_prefill(&unit, need, overdue, mem);
             best = self.best_replica(need, sticky, mem, room, None);
         }
         let here = sticky.is_none_or(|h| h == l) && !room.reserved[l];
