@@ -136,6 +136,11 @@ pub struct ProgramStatus {
     pub parallel_requests: usize,
     /// The program that spawned it, when a request said so.
     pub parent_program: Option<String>,
+    /// The scheduler's last keep / swap / recompute choice for its KV
+    /// (`agentd_scheduler::Park`): "keep" while kept resident though memory
+    /// was wanted, "swap" or "recompute" while paused; none once admitted
+    /// again.
+    pub park: Option<&'static str>,
 }
 
 /// Where a program's full KV blocks are, in blocks: in the device pool

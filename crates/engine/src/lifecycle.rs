@@ -187,6 +187,7 @@ impl Core {
                     ),
                     parallel_requests: prog.children.len(),
                     parent_program: prog.parent_program.clone(),
+                    park: info.as_ref().and_then(|i| i.park).map(|k| k.as_str()),
                 })
             })
             .collect();

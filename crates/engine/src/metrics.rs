@@ -161,6 +161,9 @@ pub struct MetricsSnapshot {
     /// decode step at a 1024-token context.
     pub fit_prefill_tokens_per_s: f64,
     pub fit_decode_step_s: f64,
+    /// The program policy's keep / swap / recompute choices, by name
+    /// (`agentd_scheduler::Park`; every choice, zeros included).
+    pub parks: Vec<(&'static str, u64)>,
 }
 
 impl Core {
@@ -224,6 +227,10 @@ impl Core {
             host_blocks: host_total,
             fit_prefill_tokens_per_s,
             fit_decode_step_s,
+            parks: agentd_scheduler::Park::ALL
+                .iter()
+                .map(|&k| (k.as_str(), stats.parks.of(k)))
+                .collect(),
         };
         Snapshot {
             metrics,

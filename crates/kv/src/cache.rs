@@ -370,8 +370,21 @@ impl KvCache {
     /// blocks (a quick restore re-hits them), the partial tail block is freed.
     /// The chain of hashes is kept so the scheduler can probe what survives.
     pub fn pause(&mut self, p: ProgramId) {
+        self.pause_marked(p, false);
+    }
+
+    /// [`KvCache::pause`] for a program the scheduler chose to recompute
+    /// rather than swap: its blocks stay cached on the device for prefix
+    /// hits, but an eviction drops them instead of copying them to the host
+    /// tier, so they never push out contexts parked there to be swapped
+    /// back (the scheduler's `park.rs`).
+    pub fn pause_for_recompute(&mut self, p: ProgramId) {
+        self.pause_marked(p, true);
+    }
+
+    fn pause_marked(&mut self, p: ProgramId, drop_on_evict: bool) {
         if let Some(mut kv) = self.programs.remove(&p) {
-            self.truncate(p, &mut kv, 0, false);
+            self.truncate(p, &mut kv, 0, drop_on_evict);
             kv.tail.clear();
             kv.num_computed = 0;
             kv.num_slots = 0;

@@ -1,5 +1,5 @@
-//! Property test of the host tier: random turns, decodes, pauses and
-//! releases on a small device pool with a host tier behind it. Besides the
+//! Property test of the host tier: random turns, decodes, pauses (for swap
+//! or for recompute) and releases on a small device pool with a host tier behind it. Besides the
 //! pool's invariants and the KV events (a hash is announced once while
 //! either tier holds it), a model of the *contents* replays the copies the
 //! cache asks for, in order, before each "forward" writes the tokens it
@@ -21,7 +21,7 @@ const PROGRAMS: usize = 6;
 enum Op {
     Turn { p: u8, stem: u8, extra: u8 },
     Decode { p: u8, n: u8 },
-    Pause { p: u8 },
+    Pause { p: u8, recompute: bool },
     Release { p: u8 },
 }
 
@@ -29,7 +29,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..PROGRAMS as u8, 0u8..3, 0u8..24).prop_map(|(p, stem, extra)| Op::Turn { p, stem, extra }),
         3 => (0u8..PROGRAMS as u8, 1u8..10).prop_map(|(p, n)| Op::Decode { p, n }),
-        3 => (0u8..PROGRAMS as u8).prop_map(|p| Op::Pause { p }),
+        3 => (0u8..PROGRAMS as u8, any::<bool>()).prop_map(|(p, recompute)| Op::Pause { p, recompute }),
         1 => (0u8..PROGRAMS as u8).prop_map(|p| Op::Release { p }),
     ]
 }
@@ -114,7 +114,9 @@ proptest! {
                         }
                     }
                 }
-                Op::Pause { p } => kv.pause(ProgramId(p as u64)),
+                // The scheduler's two pauses (`park.rs`): swap or recompute.
+                Op::Pause { p, recompute: false } => kv.pause(ProgramId(p as u64)),
+                Op::Pause { p, recompute: true } => kv.pause_for_recompute(ProgramId(p as u64)),
                 Op::Release { p } => {
                     kv.release(ProgramId(p as u64));
                     ctx[p as usize].clear();
@@ -294,5 +296,48 @@ fn whereabouts_count_a_lost_block_and_all_after_it() {
     kv.release(b);
     let m = kv.match_prefix(a, &ctx_a);
     assert_eq!(m.cached_tokens, (w.device + w.host) * BS, "{w:?}");
+    kv.check_invariants().unwrap();
+}
+
+/// A program paused for recompute (the scheduler's choice when the tier
+/// should keep others' contexts instead) stays cached on the device for
+/// prefix hits, but its evicted blocks are dropped, not offloaded, while a
+/// program paused the usual way has its evicted blocks copied to the tier.
+#[test]
+fn a_program_paused_for_recompute_is_not_offloaded() {
+    let mut kv = KvCache::new(8, BS, 0);
+    kv.enable_host_tier(16);
+    let (a, b, c) = (ProgramId(1), ProgramId(2), ProgramId(3));
+    let ctx_a: Vec<u32> = (0..16).collect();
+    let ctx_b: Vec<u32> = (200..216).collect();
+    for (p, ctx) in [(a, &ctx_a), (b, &ctx_b)] {
+        kv.match_prefix(p, ctx);
+        kv.allocate_slots(p, 16).unwrap();
+        kv.commit(p, ctx).unwrap();
+    }
+    kv.pause_for_recompute(a);
+    kv.pause(b);
+    let on_device = Whereabouts {
+        device: 4,
+        host: 0,
+        lost: 0,
+    };
+    assert_eq!(kv.whereabouts(a), on_device, "still cached on the device");
+    // c takes the whole pool: both paused programs' blocks are evicted.
+    let ctx_c: Vec<u32> = (100..132).collect();
+    kv.match_prefix(c, &ctx_c);
+    kv.allocate_slots(c, 32).unwrap();
+    kv.commit(c, &ctx_c).unwrap();
+    let offloads = kv
+        .drain_copies()
+        .iter()
+        .filter(|x| matches!(x, BlockCopy::Offload { .. }))
+        .count();
+    assert_eq!(offloads, 4, "only b's four blocks");
+    assert_eq!(kv.whereabouts(a).lost, 4);
+    assert_eq!(kv.whereabouts(b).host, 4);
+    kv.release(c);
+    assert_eq!(kv.match_prefix(a, &ctx_a).cached_tokens, 0, "recomputed");
+    assert_eq!(kv.match_prefix(b, &ctx_b).cached_tokens, 12, "swapped back");
     kv.check_invariants().unwrap();
 }

@@ -345,6 +345,7 @@ impl ProgramScheduler {
             prog.state = State::Active;
             prog.replica = Some(r);
             prog.admitted_at = now;
+            prog.park = None;
         });
         self.active[r].insert(p);
         out.admit.push((p, r));
@@ -438,7 +439,10 @@ impl ProgramScheduler {
             .first()
             .and_then(|u| self.programs.get(u))
             .is_some_and(|u| u.group.is_some());
-        let Some((victims, freed)) = self.choose_victims(ask, now, mem, room, out) else {
+        let mut kept = Vec::new();
+        let chosen = self.choose_victims(ask, now, mem, room, out, &mut kept);
+        self.note_kept(&kept);
+        let Some((victims, freed)) = chosen else {
             room.note_failed(ask.victims, ask.need, grouped);
             return None;
         };
@@ -471,7 +475,8 @@ impl ProgramScheduler {
     /// prefix of the eligible programs' pause order that makes room — with
     /// the blocks they free; `None` when no prefix does (or, under the
     /// measured waiting bound, when the host tier would not keep what they
-    /// park).
+    /// park). Acting programs cheaper to keep than to pause (`park.rs`)
+    /// are never victims: they are added to `kept`.
     fn choose_victims(
         &self,
         ask: &Ask<'_>,
@@ -479,6 +484,7 @@ impl ProgramScheduler {
         mem: &dyn Memory,
         room: &mut Room,
         out: &Decision,
+        kept: &mut Vec<ProgramId>,
     ) -> Option<(Vec<ProgramId>, f64)> {
         let (l, need) = (ask.l, ask.need);
         let unit_group = ask
@@ -498,6 +504,13 @@ impl ProgramScheduler {
             .pause_order(l, now, mem)
             .into_iter()
             .filter(|&(q, _, _)| self.programs.get(&q).is_some_and(|x| eligible(x, q)))
+            .filter(|&(q, _, _)| {
+                let keep = self.keeps(l, q, now, mem);
+                if keep {
+                    kept.push(q);
+                }
+                !keep
+            })
             .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem), held))
             .collect();
         if order.is_empty() {

@@ -26,6 +26,7 @@ mod admit;
 mod config;
 mod groups;
 mod memory;
+mod park;
 mod program;
 mod program_policy;
 mod queue;
@@ -40,6 +41,7 @@ pub use agentd_kv::ProgramId;
 pub use config::{Placement, PolicyKind, SchedulerConfig};
 pub use groups::{GroupId, GroupJoin};
 pub use memory::{Memory, Replicas};
+pub use park::{Park, ParkCounts};
 pub use program::{Lifecycle, Phase, ProgramInfo, ProgramTable, State};
 pub use program_policy::ProgramScheduler;
 pub use queue::WaitingQueue;
@@ -151,6 +153,8 @@ pub struct PolicyStats {
     pub restores: u64,
     /// First admissions of new programs / requests.
     pub admissions: u64,
+    /// Keep / swap / recompute choices (`park.rs`; the program policy's).
+    pub parks: ParkCounts,
 }
 
 /// A scheduling policy. Calls are made by the engine at well-defined points;

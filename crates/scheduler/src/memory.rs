@@ -36,6 +36,11 @@ pub trait Memory {
     fn prefill_s(&self, _r: usize, _cached: usize, _n: usize) -> Option<f64> {
         None
     }
+    /// Seconds of step time replica `r` spends copying `tokens` tokens' KV
+    /// between its tiers, measured as [`Memory::prefill_s`] is.
+    fn copy_s(&self, _r: usize, _tokens: usize) -> Option<f64> {
+        None
+    }
 }
 
 /// [`Memory`] over the engine's per-replica caches and step-time fits.
@@ -74,5 +79,8 @@ impl Memory for Replicas<'_> {
     }
     fn prefill_s(&self, r: usize, cached: usize, n: usize) -> Option<f64> {
         self.1.get(r)?.prefill_s(cached, n)
+    }
+    fn copy_s(&self, r: usize, tokens: usize) -> Option<f64> {
+        self.1.get(r)?.copy_s(tokens)
     }
 }

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::{GroupId, ProgramId, ToolId};
+use crate::{GroupId, Park, ProgramId, ToolId};
 
 /// What a program is doing (docs/design.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,6 +89,8 @@ pub struct ProgramInfo {
     pub group: Option<GroupId>,
     /// The tool it said it runs (acting), if any.
     pub tool: Option<ToolId>,
+    /// The last keep / swap / recompute choice for its KV, while it holds.
+    pub park: Option<Park>,
 }
 
 /// The scheduler's record of a program.
@@ -129,6 +131,10 @@ pub(crate) struct Program {
     pub tool: Option<ToolId>,
     /// Cached (shared prefix blocks, measured at) for restore-need estimates.
     pub shared_estimate: Option<(usize, f64)>,
+    /// The policy's last keep / swap / recompute choice for it
+    /// (`park.rs`): set when it is kept or paused, cleared when it is
+    /// admitted again (or, kept, when its next request arrives).
+    pub park: Option<Park>,
 }
 
 impl Program {
@@ -153,6 +159,7 @@ impl Program {
             group_shared_tokens: 0,
             tool: None,
             shared_estimate: None,
+            park: None,
         }
     }
 
@@ -188,6 +195,7 @@ impl Program {
             lifecycle: self.lifecycle(),
             group: self.group,
             tool: self.tool,
+            park: self.park,
         }
     }
 }

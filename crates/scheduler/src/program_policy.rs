@@ -31,8 +31,8 @@ use crate::program::{Program, ProgramTable};
 use crate::queue::{QueueClass, WaitingQueue};
 use crate::tools::{ToolId, ToolStats, ToolTable};
 use crate::{
-    Decision, Memory, PauseCause, Phase, Policy, PolicyStats, ProgramId, Route, SchedulerConfig,
-    State,
+    Decision, Memory, Park, PauseCause, Phase, Policy, PolicyStats, ProgramId, Route,
+    SchedulerConfig, State,
 };
 
 /// Program-level policy state: the program table, per-replica active sets and
@@ -167,7 +167,7 @@ impl ProgramScheduler {
 
     /// The expected remaining acting time of `prog`, when it named a tool
     /// with enough observed durations.
-    fn expected_remaining(&self, prog: &Program, now: f64) -> Option<f64> {
+    pub(crate) fn expected_remaining(&self, prog: &Program, now: f64) -> Option<f64> {
         let tool = prog.tool?;
         self.tools.expected_remaining(tool, now - prog.acting_since)
     }
@@ -177,6 +177,9 @@ impl ProgramScheduler {
         let Some(l) = self.programs.get(&p).and_then(|q| q.replica) else {
             return;
         };
+        // Before it leaves the active set: its blocks are still counted
+        // held, and it is not yet among the contexts parked on `l`.
+        self.choose_park(l, p, mem);
         self.active[l].remove(&p);
         // The context grew by decoding since the request arrived.
         let held_tokens = mem.blocks_held(l, p) * mem.block_size();
@@ -203,6 +206,7 @@ impl ProgramScheduler {
         if d <= cap {
             return d;
         }
+        let mut kept = Vec::new();
         for (p, phase, held) in self.pause_order(l, now, mem) {
             if d <= cap {
                 break;
@@ -214,11 +218,16 @@ impl ProgramScheduler {
                 // nothing until blocks actually run out (then `preempt` takes it).
                 continue;
             }
+            if self.keeps(l, p, now, mem) {
+                kept.push(p);
+                continue;
+            }
             debug!(replica = l, program = %p, ?phase, held, demand = d, cap, "thrashing: pause");
             self.mark_paused(p, now, mem);
             out.pause.push((p, PauseCause::Thrashing));
             d -= freed;
         }
+        self.note_kept(&kept);
         d
     }
 
@@ -324,6 +333,9 @@ impl Policy for ProgramScheduler {
             prog.context_tokens = context_tokens;
             prog.last_activity = now;
             prog.phase = Phase::Reasoning;
+            if prog.park == Some(Park::Keep) {
+                prog.park = None;
+            }
             if prog.in_flight == 0 {
                 prog.request_at = now;
             }

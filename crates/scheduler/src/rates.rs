@@ -144,6 +144,13 @@ impl StepRates {
         (self.steps >= WARM_STEPS).then(|| x[2] * self.coef[2] + x[3] * self.coef[3])
     }
 
+    /// Seconds copying `tokens` tokens' KV between the tiers adds to a
+    /// step, once warm (near zero until some step copied: the ridge keeps
+    /// an unexercised term small).
+    pub fn copy_s(&self, tokens: usize) -> Option<f64> {
+        (self.steps >= WARM_STEPS).then(|| tokens as f64 / 1e3 * self.coef[5])
+    }
+
     /// The most prefill tokens after `cached` that fit in `seconds` of
     /// step time (0 when even one does not), once warm. Solves
     /// `a·n + b·n·(cached + n/2) = seconds` for `n`.

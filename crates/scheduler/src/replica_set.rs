@@ -345,7 +345,14 @@ impl<P: Policy> ReplicaSet<P> {
     #[doc(hidden)]
     pub fn pause_on(&mut self, p: ProgramId, r: usize) {
         self.running[r].retain(|q| *q != p);
-        self.kv[r].pause(p);
+        // The policy's choice for it (`park.rs`); none: the tier takes what
+        // the device evicts, as the request policy's pauses do.
+        let park = self.policy.programs().get(&p).and_then(|q| q.park);
+        if park == Some(crate::Park::Recompute) {
+            self.kv[r].pause_for_recompute(p);
+        } else {
+            self.kv[r].pause(p);
+        }
     }
 
     /// Step boundary of `r`: lease expiry, the policy's decision, applied.

@@ -27,7 +27,7 @@
 //! the tier holds (`admit.rs` states its guarantee).
 
 use crate::program::Program;
-use crate::{Memory, Phase, ProgramId, ProgramScheduler, State};
+use crate::{Memory, Park, Phase, ProgramId, ProgramScheduler, State};
 
 /// Part of a host tier that contexts parked by rotation may fill: the
 /// rest absorbs blocks shared by several programs (counted once per
@@ -86,16 +86,17 @@ impl ProgramScheduler {
     }
 
     /// Whether `q`'s context is parked on `l`: paused there, so only the
-    /// tiers keep its KV.
-    fn parked_on(q: &Program, l: usize) -> bool {
-        q.state == State::Paused && q.replica == Some(l)
+    /// tiers keep its KV. A program paused for recompute is not: its blocks are dropped when
+    /// evicted (`park.rs`), so no tier keeps them.
+    pub(crate) fn parked_on(q: &Program, l: usize) -> bool {
+        q.state == State::Paused && q.replica == Some(l) && q.park != Some(Park::Recompute)
     }
 
     /// Blocks a context parked by pausing `q` takes in the tier: its
     /// context, or what it holds when decoding grew it past the last
     /// request (as [`Self::mark_paused`] records it). One measure for the
     /// contexts already parked (`held` 0) and the victims about to be.
-    fn parked_size(q: &Program, held: usize, mem: &dyn Memory) -> f64 {
+    pub(crate) fn parked_size(q: &Program, held: usize, mem: &dyn Memory) -> f64 {
         mem.blocks_for(q.context_tokens).max(held) as f64
     }
 

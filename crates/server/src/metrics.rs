@@ -116,6 +116,15 @@ const ENGINE: &[Family<MetricsSnapshot>] = &[
         },
     },
     Family {
+        name: "agentd:park_decisions_total",
+        kind: COUNTER,
+        help: "What the program policy did with a program's KV when memory was wanted (keep resident, swap to the host tier, recompute), by choice.",
+        get: Get::Series {
+            model: true,
+            get: |m| m.parks.iter().map(|&(k, n)| (format!("choice=\"{}\"", escape(k)), n as f64)).collect(),
+        },
+    },
+    Family {
         name: "agentd:programs",
         kind: GAUGE,
         help: "Live programs by phase and state.",
@@ -287,6 +296,7 @@ mod tests {
             host_blocks: 4,
             fit_prefill_tokens_per_s: 2500.0,
             fit_decode_step_s: 0.015,
+            parks: vec![("keep", 1), ("swap", 8), ("recompute", 0)],
         }
     }
 
@@ -316,6 +326,9 @@ mod tests {
             format!("agentd:kv_host_usage_perc{{{l}}} 0.25"),
             format!("agentd:fit_prefill_tokens_per_second{{{l}}} 2500"),
             format!("agentd:fit_decode_step_seconds{{{l}}} 0.015"),
+            format!("agentd:park_decisions_total{{{l},choice=\"keep\"}} 1"),
+            format!("agentd:park_decisions_total{{{l},choice=\"swap\"}} 8"),
+            format!("agentd:park_decisions_total{{{l},choice=\"recompute\"}} 0"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.01\"}} 0"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.04\"}} 1"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"+Inf\"}} 1"),

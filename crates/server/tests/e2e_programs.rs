@@ -280,6 +280,17 @@ fn a_tiny_pool_pauses_and_restores_without_failures_or_leaks() {
     );
     assert!(pauses > 0.0, "memory pressure paused someone:\n{m}");
     assert!(restores > 0.0, "{m}");
+    // Each pause was a park choice; without a host tier, a recompute.
+    let park = |choice: &str| {
+        let label = format!("choice=\"{choice}\"}}");
+        m.lines()
+            .filter(|l| l.starts_with("agentd:park_decisions_total{"))
+            .find(|l| l.contains(&label))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("park {choice} missing:\n{m}"))
+    };
+    assert_eq!(park("recompute"), pauses, "{m}");
+    assert_eq!((park("swap"), park("keep")), (0.0, 0.0), "{m}");
     assert!(
         metric(&m, "vllm:kv_cache_usage_perc") > 0.0,
         "programs keep their KV between turns"

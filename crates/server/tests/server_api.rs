@@ -370,6 +370,8 @@ fn program_ids_from_body_extra_body_and_header_then_release() {
         .unwrap();
     assert_eq!(p["phase"], "acting");
     assert_eq!(p["lifecycle"], "acting", "{p}");
+    // Nothing wanted its memory: no keep / swap / recompute choice.
+    assert_eq!(p["park"], Value::Null, "{p}");
     // Acting, it keeps its KV on the device: every full block is there
     // (the partial tail block has no hash yet), none swapped or lost.
     let (device, held) = (p["kv"]["device"].as_u64(), p["blocks_held"].as_u64());

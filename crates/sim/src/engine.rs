@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use agentd_kv::{KvCache, ProgramId};
 use agentd_scheduler::{
-    build_policy, Contexts, GroupId, PauseCause, Policy, ReplicaSet, Started, ToolId,
+    build_policy, Contexts, GroupId, Park, PauseCause, Policy, ReplicaSet, Started, ToolId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -405,6 +405,9 @@ impl Simulation {
             pauses: pauses.total() - pauses.of(PauseCause::Exhaustion),
             restores: stats.restores,
             preemptions: pauses.of(PauseCause::Exhaustion),
+            park_keep: stats.parks.of(Park::Keep),
+            park_swap: stats.parks.of(Park::Swap),
+            park_recompute: stats.parks.of(Park::Recompute),
             kv_imbalance: m.kv_imbalance(),
             sched_us_per_step: m.sched_ns as f64 / 1000.0 / m.sched_calls.max(1) as f64,
             output_tok_s: m.output_tokens as f64 / (window_min * 60.0),

@@ -23,6 +23,11 @@ pub struct RunResult {
     pub restores: u64,
     /// Programs or requests paused because blocks ran out mid-step.
     pub preemptions: u64,
+    /// The program policy's keep / swap / recompute choices
+    /// (`agentd_scheduler::Park`; zeros for the request policy).
+    pub park_keep: u64,
+    pub park_swap: u64,
+    pub park_recompute: u64,
     /// Time average of (max − min) KV usage fraction over replicas.
     pub kv_imbalance: f64,
     /// Wall-clock microseconds of the scheduler's decision per engine step.

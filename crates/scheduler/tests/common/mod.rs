@@ -13,7 +13,7 @@ use std::ops::{Deref, DerefMut};
 use agentd_kv::PrefixMatch;
 use agentd_scheduler::{
     Contexts, Decision, GroupId, Placement, Policy, ProgramId, ProgramScheduler, ReplicaSet, Route,
-    SchedulerConfig, StepPlan,
+    SchedulerConfig, StepPlan, StepWork,
 };
 
 /// Tokens per block in every test (small, so block counts stay readable).
@@ -276,6 +276,36 @@ impl<P: Policy> Engine<P> {
             self.ctx.remove(p);
         }
         gone
+    }
+
+    /// Computes running `p`'s context through the one step protocol
+    /// (`begin_step`, `plan`, `commit`, `finish`), one step per budget of
+    /// `budgets` in turn, each step reporting `seconds(work)` to `r`'s
+    /// step-time fit as the engine reports its measured forward. Returns
+    /// the steps run.
+    pub fn compute_in_steps(
+        &mut self,
+        r: usize,
+        p: ProgramId,
+        budgets: &[usize],
+        seconds: impl Fn(&StepWork) -> f64,
+    ) -> usize {
+        let mut steps = 0;
+        while self.core.kv(r).num_computed(p) < self.ctx[&p].len() {
+            let ctx = Ctx(&self.ctx, &self.groups);
+            let budget = budgets[steps % budgets.len()];
+            let mut step = self.core.begin_step(r, self.now, &ctx).expect("step");
+            let (plan, _) = step.plan(&mut self.core, budget, &ctx).expect("plan");
+            for s in &plan.seqs {
+                let toks = &self.ctx[&s.program][s.num_computed..s.num_computed + s.num_new];
+                step.commit(&mut self.core, s.program, toks).expect("slots");
+            }
+            let dt = seconds(step.work());
+            step.finish(&mut self.core, Some(dt)).expect("invariants");
+            self.now += dt;
+            steps += 1;
+        }
+        steps
     }
 
     pub fn check_kv(&self) {

@@ -1,0 +1,143 @@
+//! Keep, swap or recompute: what the program policy does with a program's
+//! KV when memory is wanted (docs/design.md §4; issue 32 item 3).
+//!
+//! A program the policy might pause has three fates, priced from what the
+//! replica measured of its own steps (`rates.rs`: prefill seconds at that
+//! context, copy seconds per token) and, for an acting program in a named
+//! tool, the tool's expected remaining time (`tools.rs`):
+//!
+//! * **keep** — it stays resident. Chosen for an acting program whose tool
+//!   is expected back (`R`) before its KV could be brought back
+//!   (`restore_s`: the copies back from the tier, or the prefill of its
+//!   context when it would be recomputed): pausing would free its blocks for
+//!   less time than restoring them costs (InferCept's waste, memory ×
+//!   time, with both sides over the same memory). Without a named tool with
+//!   enough history, or before the replica measured its rates, nothing is
+//!   kept this way and the pause order alone decides (`program_policy.rs`).
+//! * **swap** — it is paused and its blocks, evicted from the device, are
+//!   copied to the host tier and back on restore. Chosen whenever the
+//!   replica has a tier and the copies cost less than the prefill; the
+//!   tier's LRU decides what it drops when full.
+//! * **recompute** — it is paused and its blocks are dropped when evicted
+//!   (`KvCache::pause_for_recompute`): no tier, or a prefill cheaper than
+//!   the copies out and back.
+//!
+//! Tried and rejected: once the contexts parked on a replica filled the
+//! tier, recomputing a program whose context was cheaper per block to
+//! recompute than those parked (to keep the tier for dearer ones).
+//! `agentd simulate` swe at 192 programs with a 3.46M-token tier: 135 such
+//! choices, 311.7 steps/min and 2.2M tokens recomputed against 322.8 and
+//! 85k with every pause swapped. Short contexts are restored first (the
+//! queue's shortest-first order), so they are the ones the tier serves
+//! best; the LRU keeps them.
+//!
+//! Each choice is counted ([`ParkCounts`], `agentd:park_decisions_total`)
+//! and recorded on the program's record (`GET /programs` shows it).
+//!
+//! On the CPU both tiers are host memory and a copy runs at memory
+//! bandwidth against a prefill at the model's prefill rate, so with a tier
+//! every pause swaps and keep is chosen only for tools expected back
+//! sooner than the copies; without one, for tools back sooner than the
+//! prefill of the program's context.
+
+use crate::program::Program;
+use crate::{Memory, Phase, ProgramId, ProgramScheduler};
+
+/// The fate of a program's KV when memory is wanted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Park {
+    /// Resident: not paused, though memory was wanted.
+    Keep,
+    /// Paused; its blocks go to the host tier when evicted.
+    Swap,
+    /// Paused; its blocks are dropped when evicted.
+    Recompute,
+}
+
+impl Park {
+    pub const ALL: [Park; 3] = [Park::Keep, Park::Swap, Park::Recompute];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Park::Keep => "keep",
+            Park::Swap => "swap",
+            Park::Recompute => "recompute",
+        }
+    }
+}
+
+/// Park decisions counted by choice (a program kept is counted once per
+/// acting period, however many decisions kept it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParkCounts([u64; 3]);
+
+impl ParkCounts {
+    pub fn of(&self, park: Park) -> u64 {
+        self.0[park as usize]
+    }
+    pub(crate) fn add(&mut self, park: Park) {
+        self.0[park as usize] += 1;
+    }
+}
+
+impl ProgramScheduler {
+    /// Whether the acting program `p` on `l` is kept rather than paused:
+    /// its tool is expected back before its KV could be restored.
+    pub(crate) fn keeps(&self, l: usize, p: ProgramId, now: f64, mem: &dyn Memory) -> bool {
+        let Some(prog) = self.programs.get(&p) else {
+            return false;
+        };
+        if prog.phase != Phase::Acting {
+            return false;
+        }
+        let Some(remaining) = self.expected_remaining(prog, now) else {
+            return false;
+        };
+        let held = mem.blocks_held(l, p);
+        let restore = match self.swap_or_recompute(l, prog, held, mem) {
+            Park::Swap => mem.copy_s(l, held * mem.block_size()),
+            _ => mem.prefill_s(l, 0, prog.context_tokens),
+        };
+        restore.is_some_and(|s| remaining < s)
+    }
+
+    /// Records that `kept` were kept (once per acting period each).
+    pub(crate) fn note_kept(&mut self, kept: &[ProgramId]) {
+        for p in kept {
+            if let Some(prog) = self.programs.get_mut(p) {
+                if prog.park != Some(Park::Keep) {
+                    prog.park = Some(Park::Keep);
+                    self.stats.parks.add(Park::Keep);
+                }
+            }
+        }
+    }
+
+    /// Swap or recompute for `p`, about to be paused on `l`, counted and
+    /// recorded on its record (the core reads it when it drops the
+    /// program's references).
+    pub(crate) fn choose_park(&mut self, l: usize, p: ProgramId, mem: &dyn Memory) {
+        let Some(prog) = self.programs.get(&p) else {
+            return;
+        };
+        let park = self.swap_or_recompute(l, prog, mem.blocks_held(l, p), mem);
+        self.stats.parks.add(park);
+        if let Some(prog) = self.programs.get_mut(&p) {
+            prog.park = Some(park);
+        }
+    }
+
+    /// The module's rule for a program holding `held` blocks on `l`.
+    fn swap_or_recompute(&self, l: usize, prog: &Program, held: usize, mem: &dyn Memory) -> Park {
+        if mem.host_capacity(l) == 0 {
+            return Park::Recompute;
+        }
+        let tokens = prog.context_tokens.max(held * mem.block_size());
+        // Out when evicted and back on restore.
+        let copies = mem.copy_s(l, 2 * held * mem.block_size());
+        match (mem.prefill_s(l, 0, tokens), copies) {
+            (Some(r), Some(c)) if r <= c => Park::Recompute,
+            _ => Park::Swap,
+        }
+    }
+}
