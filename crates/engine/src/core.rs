@@ -191,6 +191,11 @@ pub(crate) struct Core {
     pub ended_subscribers: Vec<UnboundedSender<ProgramEnded>>,
     /// Events for callers' streams, sent once the lock is released.
     pub outbox: Outbox,
+    /// A step commit's events, held back until the end of the next
+    /// section — whichever thread ends it — and delivered before that
+    /// section's own ([`crate::worker::Held::end`]): a stream's events
+    /// keep their order across sections.
+    pub(crate) deferred: Outbox,
     /// Pause, weight swap: trainer commands the workers carry out at step
     /// boundaries ([`crate::control`]).
     pub(crate) control: crate::control::Control,
@@ -220,6 +225,7 @@ impl Core {
             shutdown: false,
             ended_subscribers: Vec::new(),
             outbox: Outbox::default(),
+            deferred: Outbox::default(),
             control: Default::default(),
             next_program: 1,
             next_request: 1,

@@ -22,8 +22,9 @@ use crate::{trace, FinishReason};
 /// ([`Board::begin`]), ended by an explicit [`Held::end`]: it publishes a
 /// snapshot if a reader asked, refreshes the inbox's waiting count and
 /// records the hold time — in `lock_hold_s`, or `lock_idle_hold_s` for an
-/// idle re-plan — and, with the lock free, delivers the events the section
-/// queued ([`crate::outbox`]). Dropping a section without ending it only
+/// idle re-plan — and, with the lock free, delivers the events earlier
+/// sections deferred and then those this one queued ([`crate::outbox`]); a
+/// commit's section defers its own ([`Held::defer_events`]). Dropping a section without ending it only
 /// unlocks (a panic unwinding through it); debug builds stop on any other.
 pub(crate) struct Held<'a> {
     guard: MutexGuard<'a, Core>,
@@ -31,6 +32,7 @@ pub(crate) struct Held<'a> {
     since: Instant,
     seq: u64,
     idle: bool,
+    defer: bool,
     open: Open,
 }
 
@@ -52,6 +54,14 @@ impl Held<'_> {
         self.idle = true;
     }
 
+    /// This section's events wait for the end of the next section (a step
+    /// commit's: delivering wakes a runtime thread per stream, and on 2
+    /// cores those threads took the CPU from a plan section that followed
+    /// at once, held 1-2 ms for 0.1-0.2 ms of its own work).
+    pub fn defer_events(&mut self) {
+        self.defer = true;
+    }
+
     /// Ends the section (see [`Held`]).
     pub fn end(self) {
         let Held {
@@ -60,6 +70,7 @@ impl Held<'_> {
             since,
             seq,
             idle,
+            defer,
             open,
         } = self;
         std::mem::forget(open);
@@ -72,7 +83,18 @@ impl Held<'_> {
         } else {
             core.counters.lock_hold_s.observe(held);
         }
-        let outbox = core.outbox.take();
+        let queued = core.outbox.take();
+        let outbox = if defer {
+            core.deferred.append(queued);
+            Outbox::default()
+        } else {
+            // Events deferred by an earlier section go first: a commit's
+            // last token before the finish a later section queued (an
+            // abort, a release), or the stream would end without it.
+            let mut out = core.deferred.take();
+            out.append(queued);
+            out
+        };
         drop(guard);
         outbox.deliver();
     }
@@ -185,6 +207,7 @@ impl Shared {
             since: Instant::now(),
             seq: self.board.begin(),
             idle: false,
+            defer: false,
             open: Open,
         }
     }
@@ -234,10 +257,8 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
     } else {
         None
     };
-    // The last commit's stream events, delivered once the next step is
-    // planned (see `next_plan`).
-    let mut pending = Outbox::default();
-    while let Some(next) = next_plan(r, &shared, &mut pending) {
+    // A commit's stream events wait for the next section (`Held::end`).
+    while let Some(next) = next_plan(r, &shared) {
         let (mut plan, copies) = match next {
             Next::Step(plan, copies) => (plan, copies),
             Next::Swap(op, copies) => {
@@ -266,7 +287,7 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
             forward_s,
             sample_s: (rows > 0).then(|| t.elapsed().as_secs_f64()),
         };
-        pending = match sampled {
+        match sampled {
             Ok(sampled) => commit(r, &shared, plan, sampled, timing),
             Err(e) => {
                 error!(replica = r, error = %e, "model forward failed; ending the step's requests");
@@ -274,14 +295,12 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
                 timing.record(&mut core);
                 core.abort_step(r, plan);
                 core.flush_kv_events(r);
-                let events = core.outbox.take();
+                core.defer_events();
                 core.end();
-                events
             }
-        };
+        }
         shared.wake_all();
     }
-    pending.deliver();
     info!(replica = r, "worker stopped");
 }
 
@@ -361,17 +380,16 @@ const COMMIT_SECTION_SEQS: usize = 8;
 const ACCEPT_SECTION_SUBMISSIONS: usize = 4;
 
 /// Commits replica `r`'s step in sections of [`COMMIT_SECTION_SEQS`]
-/// sequences (the first records `timing`), then ends it; returns the stream
-/// events it queued, for delivery after the next plan.
+/// sequences (the first records `timing`), then ends it; the stream events
+/// it queues go out at the end of the next section ([`Held::defer_events`]).
 fn commit(
     r: usize,
     shared: &Shared,
     plan: Vec<SeqPlan>,
     sampled: Vec<Option<Sampled>>,
     timing: StepTiming,
-) -> Outbox {
+) {
     let mut seqs = plan.into_iter().zip(sampled).peekable();
-    let mut events = Outbox::default();
     let seconds = timing.forward_s + timing.sample_s.unwrap_or(0.0);
     let mut timing = Some(timing);
     loop {
@@ -385,10 +403,10 @@ fn commit(
             core.end_step(r, Some(seconds));
             core.flush_kv_events(r);
         }
-        events.append(core.outbox.take());
+        core.defer_events();
         core.end();
         if done {
-            return events;
+            return;
         }
     }
 }
@@ -403,15 +421,13 @@ fn commit(
 /// routed too: a steady stream holds the plan back only while it outpaces
 /// routing, which the inbox's back-pressure bounds.
 ///
-/// `pending` (the previous commit's events) goes out right after the plan
-/// section: delivering wakes a runtime thread per stream, and on 2 cores
-/// those threads took the CPU from a plan section that followed at once
-/// (held 1–2 ms for 0.1–0.2 ms of its own work). Tokens reach the streams
-/// one plan section (~0.1 ms) later.
+/// The previous commit's events go out at the end of the first section
+/// here ([`Held::defer_events`]), before that section's own: tokens reach
+/// the streams one section (~0.1 ms) later.
 ///
 /// Returns the batch with the copies between the KV tiers to carry out
 /// before its forward: those of idle plans too, since no forward ran since.
-fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
+fn next_plan(r: usize, shared: &Shared) -> Option<Next> {
     let mut copies = Vec::new();
     loop {
         shared.wake.clear(r);
@@ -439,7 +455,6 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
             Point::Run => {}
             Point::Swap(op) => {
                 core.end();
-                pending.take().deliver();
                 return Some(Next::Swap(op, copies));
             }
             Point::Hold { idle } => {
@@ -447,7 +462,6 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
                     core.set_idle();
                 }
                 core.end();
-                pending.take().deliver();
                 shared.wake.wait(r, IDLE_TICK);
                 continue;
             }
@@ -457,7 +471,6 @@ fn next_plan(r: usize, shared: &Shared, pending: &mut Outbox) -> Option<Next> {
             core.set_idle();
         }
         core.end();
-        pending.take().deliver();
         copies.append(&mut step.copies);
         if !step.seqs.is_empty() {
             return Some(Next::Step(step.seqs, copies));

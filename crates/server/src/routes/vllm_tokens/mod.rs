@@ -142,7 +142,7 @@ async fn whole(shape: &Shape, choices: Vec<Choice>, n: usize) -> Result<Response
     let usage = choices::merge_usage(
         &done
             .iter()
-            .map(|(_, first, d)| (*first, generated(d.usage, d.token_ids.len())))
+            .map(|(_, first, d)| (*first, d.usage))
             .collect::<Vec<_>>(),
     );
     done.sort_by_key(|(index, _, _)| *index);
@@ -171,17 +171,6 @@ async fn whole(shape: &Shape, choices: Vec<Choice>, n: usize) -> Result<Response
         "ec_transfer_params": Value::Null,
     }))
     .into_response())
-}
-
-/// `usage` with vLLM's completion count: the ids the response returns
-/// (`len(output.token_ids)`), whatever the engine counted for an aborted
-/// request.
-fn generated(usage: UsageInfo, returned: usize) -> UsageInfo {
-    UsageInfo::new(
-        usage.prompt_tokens,
-        returned,
-        usage.prompt_tokens_details.cached_tokens,
-    )
 }
 
 /// One `GenerateResponseChoice` (or a stream chunk's choice: the same
@@ -313,7 +302,7 @@ fn choice_stream(shape: Arc<Shape>, c: Choice) -> BoxStream<'static, ChoiceStep>
                     let last = chunk(&piece.token_ids, &piece.logprobs, Some(reason), stop);
                     let step = ChoiceStep::Finished {
                         chunks: vec![last],
-                        usage: generated(usage, s.ids.len()),
+                        usage,
                         first_of_prompt: first,
                     };
                     Some((step, None))
