@@ -8,7 +8,7 @@ use agentd_runtime::{BatchInput, ModelError};
 
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::model::{GpuKvCache, GpuQwen3};
+use crate::model::{GpuKvCache, GpuQwen3, Layer};
 use crate::ops::DecodeScratch;
 use crate::plan::{block_table_matrix, prefill_tiles, AttnShape};
 
@@ -90,6 +90,79 @@ impl GpuQwen3 {
         batch: &BatchInput,
         cache: &mut GpuKvCache,
     ) -> Result<Option<DeviceLogits>> {
+        self.check_batch(batch, cache)?;
+        let gpu = &*self.gpu;
+        let shape = AttnShape {
+            num_heads: self.cfg.num_attention_heads,
+            num_kv_heads: self.cfg.num_key_value_heads,
+            head_dim: self.cfg.head_dim,
+            block_size: cache.cfg.block_size,
+        };
+        let decode = (0..batch.num_seqs()).all(|i| batch.query_len(i) == 1);
+        let meta = StepMeta::upload(gpu, batch, &shape, decode)?;
+        let t = batch.num_tokens();
+        let max_ctx = batch.context_lens.iter().copied().max().unwrap_or(0);
+        let (_, srows) = Gpu::decode_scratch_len(&shape, batch.num_seqs(), max_ctx);
+        let scratch_len = if decode { srows } else { 0 };
+        let d = shape.head_dim;
+        let tmp = gpu.zeros::<f32>(scratch_len * (d + 2))?;
+        let mut guard = self.workspace.lock().map_err(|_| {
+            CudaError::Unsupported("workspace lock poisoned by a failed step".into())
+        })?;
+        if guard.as_ref().is_none_or(|w| w.cap < t) {
+            *guard = Some(Workspace::new(gpu, self, t.next_power_of_two())?);
+        }
+        let Some(ws) = guard.as_ref() else {
+            return Err(CudaError::Unsupported("workspace missing".into()));
+        };
+        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
+        let step = StepPtrs {
+            shape,
+            t,
+            s: batch.num_seqs(),
+            decode,
+            max_ctx,
+            num_tiles: meta.num_tiles,
+            max_blocks: meta.max_blocks,
+            ids: meta.at(gpu, 0),
+            pos: meta.at(gpu, 1),
+            cu: meta.at(gpu, 2),
+            ctx: meta.at(gpu, 3),
+            tables: meta.at(gpu, 4),
+            rows: meta.at(gpu, 5),
+            tiles: meta.at(gpu, 6),
+            slots: gpu.ptr(&meta.slots, 0),
+            scratch: DecodeScratch {
+                out: gpu.ptr(&tmp, 0),
+                max: gpu.ptr(&tmp, scratch_len * d),
+                sum: gpu.ptr(&tmp, scratch_len * (d + 1)),
+            },
+            res: gpu.ptr(&ws.residual, 0),
+            x: p(&ws.x),
+            qkv: p(&ws.qkv),
+            attn: p(&ws.attn),
+            o: p(&ws.o),
+            gu: p(&ws.gu),
+            act: p(&ws.act),
+            down: p(&ws.down),
+        };
+        gpu.embed(
+            self.dtype,
+            step.res,
+            p(&self.embed),
+            step.ids,
+            t,
+            self.cfg.hidden_size,
+        )?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.layer_forward(&step, l, layer, cache)?;
+        }
+        self.head(&step, batch.logits_indices.len())
+    }
+
+    /// Refuses a cache of another geometry and a batch that does not fit
+    /// it or the model (`BatchInput::validate`).
+    fn check_batch(&self, batch: &BatchInput, cache: &GpuKvCache) -> Result<()> {
         let c = &self.cfg;
         let want = KvCacheConfig::for_model(c, cache.cfg.num_blocks, cache.cfg.block_size);
         if want != cache.cfg {
@@ -105,176 +178,112 @@ impl GpuQwen3 {
             c.max_position_embeddings,
             c.vocab_size,
         )?;
-        let (gpu, dt) = (&*self.gpu, self.dtype);
+        Ok(())
+    }
+
+    /// Layer `l`: attention (its K/V written through the slot mapping into
+    /// the cache, then paged decode or prefill) and the MLP, both with
+    /// their residual adds pending in `step.res`.
+    fn layer_forward(
+        &self,
+        step: &StepPtrs,
+        l: usize,
+        layer: &Layer,
+        cache: &GpuKvCache,
+    ) -> Result<()> {
+        self.qkv_rope(step, l, layer)?;
+        self.attend(step, l, cache)?;
+        self.mlp(step, layer)
+    }
+
+    /// The pending residual add (the previous layer's MLP output) and the
+    /// input norm, the QKV projection, then Q and K normed per head and
+    /// rotated.
+    fn qkv_rope(&self, step: &StepPtrs, l: usize, layer: &Layer) -> Result<()> {
+        let (gpu, dt, c, t) = (&*self.gpu, self.dtype, &self.cfg, step.t);
         let (h, kv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let (hid, inter, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-        let shape = AttnShape {
-            num_heads: h,
-            num_kv_heads: kv,
-            head_dim: d,
-            block_size: cache.cfg.block_size,
-        };
-        let (t, s) = (batch.num_tokens(), batch.num_seqs());
-        let qkv_dim = (h + 2 * kv) * d;
+        let (qkv_dim, hid) = ((h + 2 * kv) * d, c.hidden_size);
         let eps = c.rms_norm_eps as f32;
-        let scale = 1.0 / (d as f32).sqrt();
-        let decode = (0..s).all(|i| batch.query_len(i) == 1);
-        let max_ctx = batch.context_lens.iter().copied().max().unwrap_or(0);
-        let n = batch.logits_indices.len();
-
-        // All i32 metadata in one upload: ids, positions, cu_seqlens,
-        // context lengths, block tables, logits rows, prefill tiles.
-        let (tables, max_blocks) = block_table_matrix(&batch.block_tables);
-        let tiles = if decode {
-            Vec::new()
-        } else {
-            prefill_tiles(&batch.cu_seqlens, shape.group())
-        };
-        let mut meta: Vec<i32> =
-            Vec::with_capacity(3 * t + 2 * s + tables.len() + n + tiles.len() + 1);
-        let mut offsets = [0usize; 7];
-        let parts: [Vec<i32>; 7] = [
-            batch.token_ids.iter().map(|&x| x as i32).collect(),
-            batch.positions.iter().map(|&x| x as i32).collect(),
-            batch.cu_seqlens.iter().map(|&x| x as i32).collect(),
-            batch.context_lens.iter().map(|&x| x as i32).collect(),
-            tables,
-            batch.logits_indices.iter().map(|&x| x as i32).collect(),
-            tiles,
-        ];
-        for (o, p) in offsets.iter_mut().zip(&parts) {
-            *o = meta.len();
-            meta.extend_from_slice(p);
-        }
-        let num_tiles = parts[6].len() / 2;
-        let meta = gpu.upload(&meta)?;
-        let slots = gpu.upload(
-            &batch
-                .slot_mapping
-                .iter()
-                .map(|&x| x as i64)
-                .collect::<Vec<_>>(),
-        )?;
-        let at = |i: usize| gpu.ptr(&meta, offsets[i]);
-        let (ids, pos, cu, ctx, tp, rows, tl) = (at(0), at(1), at(2), at(3), at(4), at(5), at(6));
-
-        let (_, srows) = Gpu::decode_scratch_len(&shape, s, max_ctx);
-        let scratch_len = if decode { srows } else { 0 };
-        let tmp = gpu.zeros::<f32>(scratch_len * (d + 2))?;
-        let scratch = DecodeScratch {
-            out: gpu.ptr(&tmp, 0),
-            max: gpu.ptr(&tmp, scratch_len * d),
-            sum: gpu.ptr(&tmp, scratch_len * (d + 1)),
-        };
-
-        let mut guard = self.workspace.lock().map_err(|_| {
-            CudaError::Unsupported("workspace lock poisoned by a failed step".into())
-        })?;
-        if guard.as_ref().is_none_or(|w| w.cap < t) {
-            *guard = Some(Workspace::new(gpu, self, t.next_power_of_two())?);
-        }
-        let Some(ws) = guard.as_ref() else {
-            return Err(CudaError::Unsupported("workspace missing".into()));
-        };
-        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
-        let (res, xp, qkvp, attn) = (gpu.ptr(&ws.residual, 0), p(&ws.x), p(&ws.qkv), p(&ws.attn));
-        let (o, gu, act, down) = (p(&ws.o), p(&ws.gu), p(&ws.act), p(&ws.down));
         let csp = gpu.ptr(&self.cos_sin, 0);
+        let (xp, qkvp, pos) = (step.x, step.qkv, step.pos);
+        let delta = (l > 0).then_some(step.down);
+        let norm = gpu.ptr(&layer.input_norm, 0);
+        gpu.add_rms_norm(dt, step.res, delta, None, norm, xp, t, hid, eps)?;
+        let w = gpu.ptr(&layer.qkv, 0);
+        gpu.linear(dt, xp, w, qkvp, false, t, qkv_dim, hid)?;
+        let q_norm = Some(gpu.ptr(&layer.q_norm, 0));
+        gpu.head_norm_rope(dt, qkvp, q_norm, pos, csp, t, h, 0, qkv_dim, d, eps)?;
+        let k_norm = Some(gpu.ptr(&layer.k_norm, 0));
+        let k_at = h * d;
+        gpu.head_norm_rope(dt, qkvp, k_norm, pos, csp, t, kv, k_at, qkv_dim, d, eps)
+    }
 
-        gpu.embed(dt, res, p(&self.embed), ids, t, hid)?;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let delta = (l > 0).then_some(down);
-            gpu.add_rms_norm(
-                dt,
-                res,
-                delta,
-                None,
-                gpu.ptr(&layer.input_norm, 0),
-                xp,
-                t,
-                hid,
-                eps,
-            )?;
-            gpu.linear(dt, xp, p(&layer.qkv), qkvp, false, t, qkv_dim, hid)?;
-            gpu.head_norm_rope(
-                dt,
-                qkvp,
-                Some(gpu.ptr(&layer.q_norm, 0)),
-                pos,
-                csp,
-                t,
-                h,
-                0,
-                qkv_dim,
-                d,
-                eps,
-            )?;
-            gpu.head_norm_rope(
-                dt,
-                qkvp,
-                Some(gpu.ptr(&layer.k_norm, 0)),
-                pos,
-                csp,
-                t,
-                kv,
-                h * d,
-                qkv_dim,
-                d,
-                eps,
-            )?;
-            let (kc, vc) = (p(&cache.k[l]), p(&cache.v[l]));
-            gpu.reshape_and_cache(
-                dt,
-                qkvp,
-                h * d,
-                (h + kv) * d,
-                qkv_dim,
-                kc,
-                vc,
-                gpu.ptr(&slots, 0),
-                t,
-                &shape,
-            )?;
-            if decode {
-                gpu.paged_decode(
-                    dt, &shape, attn, qkvp, qkv_dim, kc, vc, tp, max_blocks, ctx, s, max_ctx,
-                    scale, &scratch,
-                )?;
-            } else {
-                gpu.paged_prefill(
-                    dt, &shape, attn, qkvp, qkv_dim, kc, vc, tp, max_blocks, cu, ctx, tl,
-                    num_tiles, scale,
-                )?;
-            }
-            gpu.linear(dt, attn, p(&layer.o), o, false, t, hid, h * d)?;
-            gpu.add_rms_norm(
-                dt,
-                res,
-                Some(o),
-                None,
-                gpu.ptr(&layer.post_norm, 0),
-                xp,
-                t,
-                hid,
-                eps,
-            )?;
-            gpu.linear(dt, xp, p(&layer.gate_up), gu, false, t, 2 * inter, hid)?;
-            gpu.silu_mul(dt, act, gu, t, inter)?;
-            gpu.linear(dt, act, p(&layer.down), down, false, t, hid, inter)?;
+    /// The new tokens' K/V written into layer `l`'s cache through the slot
+    /// mapping, then paged attention over the cache: decode (one query a
+    /// sequence) or prefill tiles.
+    fn attend(&self, step: &StepPtrs, l: usize, cache: &GpuKvCache) -> Result<()> {
+        let (gpu, dt, c) = (&*self.gpu, self.dtype, &self.cfg);
+        let (h, kv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let qkv_dim = (h + 2 * kv) * d;
+        let scale = 1.0 / (d as f32).sqrt();
+        let (shape, qkvp, attn) = (&step.shape, step.qkv, step.attn);
+        let (kc, vc) = (gpu.ptr(&cache.k[l], 0), gpu.ptr(&cache.v[l], 0));
+        let (k_at, v_at) = (h * d, (h + kv) * d);
+        gpu.reshape_and_cache(
+            dt, qkvp, k_at, v_at, qkv_dim, kc, vc, step.slots, step.t, shape,
+        )?;
+        let (tp, mb, ctx) = (step.tables, step.max_blocks, step.ctx);
+        if step.decode {
+            let (s, max_ctx, scratch) = (step.s, step.max_ctx, &step.scratch);
+            gpu.paged_decode(
+                dt, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, ctx, s, max_ctx, scale, scratch,
+            )
+        } else {
+            let (cu, tiles, n) = (step.cu, step.tiles, step.num_tiles);
+            gpu.paged_prefill(
+                dt, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, cu, ctx, tiles, n, scale,
+            )
         }
+    }
+
+    /// The output projection with its residual add and the post-attention
+    /// norm, then the gated MLP; its output stays pending for the next
+    /// layer's (or the final) norm.
+    fn mlp(&self, step: &StepPtrs, layer: &Layer) -> Result<()> {
+        let (gpu, dt, c, t) = (&*self.gpu, self.dtype, &self.cfg, step.t);
+        let (hid, inter) = (c.hidden_size, c.intermediate_size);
+        let hd = c.num_attention_heads * c.head_dim;
+        let eps = c.rms_norm_eps as f32;
+        let (xp, o, gu, act, down) = (step.x, step.o, step.gu, step.act, step.down);
+        let w = |b: &Buf<u16>| gpu.ptr(b, 0);
+        gpu.linear(dt, step.attn, w(&layer.o), o, false, t, hid, hd)?;
+        let norm = gpu.ptr(&layer.post_norm, 0);
+        gpu.add_rms_norm(dt, step.res, Some(o), None, norm, xp, t, hid, eps)?;
+        gpu.linear(dt, xp, w(&layer.gate_up), gu, false, t, 2 * inter, hid)?;
+        gpu.silu_mul(dt, act, gu, t, inter)?;
+        gpu.linear(dt, act, w(&layer.down), down, false, t, hid, inter)
+    }
+
+    /// The final norm and the LM head over the `n` rows that asked for
+    /// logits (none: nothing to compute). The norm reads the selected rows
+    /// only, with the last layer's MLP output as the pending residual add.
+    fn head(&self, step: &StepPtrs, n: usize) -> Result<Option<DeviceLogits>> {
         if n == 0 {
             return Ok(None);
         }
-        // The final norm reads the selected rows only (and the last layer's
-        // MLP output as the pending residual add).
+        let (gpu, dt, c) = (&*self.gpu, self.dtype, &self.cfg);
+        let (hid, vocab) = (c.hidden_size, c.vocab_size);
+        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
         let last = gpu.zeros::<u16>(n * hid)?;
-        let delta = (!self.layers.is_empty()).then_some(down);
+        let delta = (!self.layers.is_empty()).then_some(step.down);
+        let norm = gpu.ptr(&self.norm, 0);
+        let eps = c.rms_norm_eps as f32;
         gpu.add_rms_norm(
             dt,
-            res,
+            step.res,
             delta,
-            Some(rows),
-            gpu.ptr(&self.norm, 0),
+            Some(step.rows),
+            norm,
             p(&last),
             n,
             hid,
@@ -282,16 +291,92 @@ impl GpuQwen3 {
         )?;
         let logits = gpu.zeros::<f32>(n * vocab)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        gpu.linear(
-            dt,
-            p(&last),
-            p(head),
-            gpu.ptr(&logits, 0),
-            true,
-            n,
-            vocab,
-            hid,
-        )?;
+        let out = gpu.ptr(&logits, 0);
+        gpu.linear(dt, p(&last), p(head), out, true, n, vocab, hid)?;
         Ok(Some(DeviceLogits { logits, rows: n }))
     }
+}
+
+/// The step's batch metadata on the device: every i32 array in one upload
+/// (token ids, positions, cu_seqlens, context lengths, block tables,
+/// logits rows, prefill tiles, in that order) and the slot mapping.
+struct StepMeta {
+    meta: Buf<i32>,
+    slots: Buf<i64>,
+    offsets: [usize; 7],
+    num_tiles: usize,
+    max_blocks: usize,
+}
+
+impl StepMeta {
+    fn upload(gpu: &Gpu, batch: &BatchInput, shape: &AttnShape, decode: bool) -> Result<Self> {
+        let (tables, max_blocks) = block_table_matrix(&batch.block_tables);
+        let tiles = if decode {
+            Vec::new()
+        } else {
+            prefill_tiles(&batch.cu_seqlens, shape.group())
+        };
+        let num_tiles = tiles.len() / 2;
+        let as_i32 = |v: &[usize]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
+        let parts: [Vec<i32>; 7] = [
+            batch.token_ids.iter().map(|&x| x as i32).collect(),
+            batch.positions.iter().map(|&x| x as i32).collect(),
+            as_i32(&batch.cu_seqlens),
+            as_i32(&batch.context_lens),
+            tables,
+            as_i32(&batch.logits_indices),
+            tiles,
+        ];
+        let mut meta: Vec<i32> = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+        let mut offsets = [0usize; 7];
+        for (o, p) in offsets.iter_mut().zip(&parts) {
+            *o = meta.len();
+            meta.extend_from_slice(p);
+        }
+        let slots: Vec<i64> = batch.slot_mapping.iter().map(|&x| x as i64).collect();
+        Ok(StepMeta {
+            meta: gpu.upload(&meta)?,
+            slots: gpu.upload(&slots)?,
+            offsets,
+            num_tiles,
+            max_blocks,
+        })
+    }
+
+    /// The device address of part `i` (the order of [`StepMeta::upload`]).
+    fn at(&self, gpu: &Gpu, i: usize) -> u64 {
+        gpu.ptr(&self.meta, self.offsets[i])
+    }
+}
+
+/// What one step's layers read and write, as device addresses: the batch
+/// metadata ([`StepMeta`]) and the workspace's activations. The buffers
+/// behind them outlive the step's kernels (the caller holds the metadata,
+/// the scratch and the workspace lock until every launch is queued, and
+/// the stream orders the launches before any later free).
+struct StepPtrs {
+    shape: AttnShape,
+    t: usize,
+    s: usize,
+    decode: bool,
+    max_ctx: usize,
+    num_tiles: usize,
+    max_blocks: usize,
+    ids: u64,
+    pos: u64,
+    cu: u64,
+    ctx: u64,
+    tables: u64,
+    rows: u64,
+    tiles: u64,
+    slots: u64,
+    scratch: DecodeScratch,
+    res: u64,
+    x: u64,
+    qkv: u64,
+    attn: u64,
+    o: u64,
+    gu: u64,
+    act: u64,
+    down: u64,
 }
