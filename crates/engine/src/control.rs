@@ -267,6 +267,27 @@ impl Core {
         any
     }
 
+    /// Ends the cancelled requests waiting for admission (their client went
+    /// away, or an abort reached them in the queue): each leaves the
+    /// global queue now, before a decision could count room for it, match
+    /// its prefix or pause others for it. True when any ended.
+    pub(crate) fn finish_cancelled_waiting(&mut self) -> bool {
+        let cancelled: Vec<ProgramId> = self
+            .programs
+            .iter()
+            .filter(|(p, q)| {
+                q.current.as_ref().is_some_and(|req| req.is_cancelled())
+                    && !self.replicas.is_running(**p)
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        let any = !cancelled.is_empty();
+        for p in cancelled {
+            self.finish(p, agentd_runtime::FinishReason::Cancelled);
+        }
+        any
+    }
+
     /// Forgets every cached block no running program holds, on every
     /// replica (called with no step open). Returns the device blocks freed.
     pub(crate) fn flush_kv(&mut self) -> usize {

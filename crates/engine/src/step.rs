@@ -24,7 +24,7 @@ impl Core {
         let mut batch = StepBatch {
             seqs: Vec::new(),
             copies: Vec::new(),
-            changed: self.finish_cancelled(r),
+            changed: self.finish_cancelled(r) | self.finish_cancelled_waiting(),
         };
         let begun = self.replicas.begin_step(r, now, &Requests(&self.programs));
         let mut step = match begun {

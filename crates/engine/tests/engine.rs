@@ -228,6 +228,54 @@ fn dropping_a_stream_cancels_and_frees() {
 }
 
 #[test]
+fn a_request_cancelled_while_it_waits_leaves_the_queue_unadmitted() {
+    // 8 blocks of 16; an acting program keeps its blocks (no work
+    // conservation), so b waits for as long as a holds its 6 blocks.
+    let cfg = EngineConfig {
+        num_blocks: 8,
+        block_size: 16,
+        max_num_batched_tokens: 64,
+        scheduler: SchedulerConfig {
+            idle_reclaim_after_s: 1e9,
+            ..SchedulerConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let model = Arc::new(Model::load(&fixture("gqa2-untied")).expect("model"));
+    let e = Engine::with_model(model, cfg).expect("engine starts");
+    let (toks, _, _) = collect(
+        e.submit(request(Some("a"), (0..90).collect(), 4))
+            .expect("ok"),
+    );
+    assert_eq!(toks.len(), 4);
+    let b = e
+        .submit(request(Some("b"), (300..340).collect(), 5))
+        .expect("ok");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.snapshot_blocking().metrics.num_requests_waiting == 0 {
+        assert!(Instant::now() < deadline, "b never queued");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(b);
+    while e.snapshot_blocking().metrics.num_requests_waiting > 0 {
+        assert!(Instant::now() < deadline, "b still queued");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Only a ever started on a replica: b left the queue without being
+    // admitted (no room counted, no prefix matched, nobody paused for it).
+    let snap = e.snapshot_blocking();
+    assert_eq!(snap.metrics.counters.queue_wait_s.count, 1);
+    assert_eq!(snap.metrics.pauses, 0);
+    // b's program lives on: once a is released, its next request runs.
+    assert!(e.release("a"));
+    let (toks, _, _) = collect(
+        e.submit(request(Some("b"), (300..340).collect(), 2))
+            .expect("ok"),
+    );
+    assert_eq!(toks.len(), 2);
+}
+
+#[test]
 fn release_ends_a_program_and_frees_its_blocks() {
     let e = engine(PolicyKind::Program, 256);
     collect(

@@ -376,6 +376,14 @@ impl Policy for ProgramScheduler {
                 prog.tool = None;
             }
         });
+        // Its last request ended before it was admitted (cancelled while
+        // it waited): nothing of it needs admission any more.
+        if let Some(prog) = self.programs.get_mut(&p) {
+            if prog.in_flight == 0 && prog.waiting {
+                prog.waiting = false;
+                self.queue.remove(p);
+            }
+        }
         false
     }
 

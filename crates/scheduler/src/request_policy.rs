@@ -95,6 +95,10 @@ impl Policy for RequestScheduler {
         }
         if self.programs.get(&p).is_some_and(|q| q.in_flight == 0) {
             self.stop_running(p);
+            // Cancelled while it waited: it leaves the queue unadmitted.
+            for q in &mut self.queues {
+                q.retain(|x| *x != p);
+            }
             return true;
         }
         false
