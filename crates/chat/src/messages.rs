@@ -155,39 +155,12 @@ pub(crate) fn normalize_message(
 
     let mut out = Map::new();
     out.insert("role".into(), Json::from(role));
-    let content = match format {
-        ContentFormat::String => Json::from(texts.join("\n")),
-        ContentFormat::OpenAi => Json::Array(
-            texts
-                .into_iter()
-                .map(|text| {
-                    let mut part = Map::new();
-                    part.insert("type".into(), Json::from("text"));
-                    part.insert("text".into(), Json::from(text));
-                    Json::Object(part)
-                })
-                .collect(),
-        ),
-    };
-    out.insert("content".into(), content);
+    out.insert("content".into(), content_json(texts, format));
     if let Some(name) = &m.name {
         out.insert("name".into(), Json::from(name.as_str()));
     }
     if let Some(calls) = &m.tool_calls {
-        if role != "assistant" {
-            return Err(ChatError::invalid(
-                format!("{at}.tool_calls"),
-                format!(
-                    "only assistant messages may carry tool_calls, not {}",
-                    m.role
-                ),
-            ));
-        }
-        let calls = calls
-            .iter()
-            .enumerate()
-            .map(|(j, call)| normalize_tool_call(&format!("{at}.tool_calls[{j}]"), call))
-            .collect::<Result<Vec<_>, _>>()?;
+        let calls = tool_calls(&at, m, role, calls)?;
         if !calls.is_empty() {
             out.insert("tool_calls".into(), Json::Array(calls));
         }
@@ -215,6 +188,49 @@ pub(crate) fn normalize_message(
         out.insert("thinking".into(), Json::from(reasoning.as_str()));
     }
     Ok(Json::Object(out))
+}
+
+/// The content as the template receives it: one string, or OpenAI's
+/// list of text parts.
+fn content_json(texts: Vec<&str>, format: ContentFormat) -> Json {
+    match format {
+        ContentFormat::String => Json::from(texts.join("\n")),
+        ContentFormat::OpenAi => Json::Array(
+            texts
+                .into_iter()
+                .map(|text| {
+                    let mut part = Map::new();
+                    part.insert("type".into(), Json::from("text"));
+                    part.insert("text".into(), Json::from(text));
+                    Json::Object(part)
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The tool calls of message `m` (at `at`), normalised; only an assistant
+/// message may carry them.
+fn tool_calls(
+    at: &str,
+    m: &ChatMessage,
+    role: &str,
+    calls: &[ToolCallParam],
+) -> Result<Vec<Json>, ChatError> {
+    if role != "assistant" {
+        return Err(ChatError::invalid(
+            format!("{at}.tool_calls"),
+            format!(
+                "only assistant messages may carry tool_calls, not {}",
+                m.role
+            ),
+        ));
+    }
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, call)| normalize_tool_call(&format!("{at}.tool_calls[{j}]"), call))
+        .collect()
 }
 
 /// The texts of `content`: one for a string, one per part for a list.

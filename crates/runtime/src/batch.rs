@@ -66,6 +66,23 @@ impl BatchInput {
         max_positions: usize,
         vocab_size: usize,
     ) -> Result<()> {
+        self.check_shape(vocab_size)?;
+        for seq in 0..self.context_lens.len() {
+            self.check_seq(seq, block_size, num_blocks, max_positions)?;
+        }
+        let t = self.token_ids.len();
+        if let Some(&i) = self.logits_indices.iter().find(|&&i| i >= t) {
+            return Err(ModelError::Batch(format!(
+                "logits index {i} >= token count {t}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The lengths agree (tokens, positions, slots; sequences, cu_seqlens,
+    /// block tables), `cu_seqlens` spans the tokens, every id is in the
+    /// vocabulary.
+    fn check_shape(&self, vocab_size: usize) -> Result<()> {
         let bad = |m: String| Err(ModelError::Batch(m));
         let t = self.token_ids.len();
         let s = self.context_lens.len();
@@ -93,61 +110,67 @@ impl BatchInput {
         if let Some(&id) = self.token_ids.iter().find(|&&id| id as usize >= vocab_size) {
             return bad(format!("token id {id} >= vocab_size {vocab_size}"));
         }
-        let num_slots = num_blocks * block_size;
-        for seq in 0..s {
-            let (lo, hi) = (self.cu_seqlens[seq], self.cu_seqlens[seq + 1]);
-            if hi < lo {
-                return bad(format!("cu_seqlens decreases at sequence {seq}"));
-            }
-            let q = hi - lo;
-            let ctx = self.context_lens[seq];
-            if q == 0 || q > ctx {
-                return bad(format!(
-                    "sequence {seq}: {q} new tokens but context length {ctx}"
-                ));
-            }
-            if ctx > max_positions {
-                return Err(ModelError::ContextTooLong {
-                    seq,
-                    position: ctx - 1,
-                    max: max_positions,
-                });
-            }
-            let table = &self.block_tables[seq];
-            if table.len() * block_size < ctx {
-                return bad(format!(
-                    "sequence {seq}: block table of {} blocks cannot hold {ctx} tokens",
-                    table.len()
-                ));
-            }
-            if let Some(&b) = table.iter().find(|&&b| b as usize >= num_blocks) {
-                return bad(format!(
-                    "sequence {seq}: block id {b} >= cache size {num_blocks}"
-                ));
-            }
-            for (i, tok) in (lo..hi).enumerate() {
-                let pos = self.positions[tok] as usize;
-                if pos >= max_positions {
-                    return Err(ModelError::ContextTooLong {
-                        seq,
-                        position: pos,
-                        max: max_positions,
-                    });
-                }
-                // The new token's slot must be where the attention kernel will
-                // look for context index ctx - q + i.
-                let idx = ctx - q + i;
-                let want = table[idx / block_size] as usize * block_size + idx % block_size;
-                let slot = self.slot_mapping[tok];
-                if slot != want || slot >= num_slots {
-                    return bad(format!(
-                        "sequence {seq}: token {i} has slot {slot}, its block table puts context index {idx} at slot {want}"
-                    ));
-                }
-            }
+        Ok(())
+    }
+
+    /// Sequence `seq` (after [`Self::check_shape`]): its new tokens fit its
+    /// context and the model's positions, its block table holds the
+    /// context in the cache, and each new token's slot is where the
+    /// attention kernel will look for it.
+    fn check_seq(
+        &self,
+        seq: usize,
+        block_size: usize,
+        num_blocks: usize,
+        max_positions: usize,
+    ) -> Result<()> {
+        let bad = |m: String| Err(ModelError::Batch(m));
+        let (lo, hi) = (self.cu_seqlens[seq], self.cu_seqlens[seq + 1]);
+        if hi < lo {
+            return bad(format!("cu_seqlens decreases at sequence {seq}"));
         }
-        if let Some(&i) = self.logits_indices.iter().find(|&&i| i >= t) {
-            return bad(format!("logits index {i} >= token count {t}"));
+        let q = hi - lo;
+        let ctx = self.context_lens[seq];
+        if q == 0 || q > ctx {
+            return bad(format!(
+                "sequence {seq}: {q} new tokens but context length {ctx}"
+            ));
+        }
+        let too_long = |position: usize| ModelError::ContextTooLong {
+            seq,
+            position,
+            max: max_positions,
+        };
+        if ctx > max_positions {
+            return Err(too_long(ctx - 1));
+        }
+        let table = &self.block_tables[seq];
+        if table.len() * block_size < ctx {
+            return bad(format!(
+                "sequence {seq}: block table of {} blocks cannot hold {ctx} tokens",
+                table.len()
+            ));
+        }
+        if let Some(&b) = table.iter().find(|&&b| b as usize >= num_blocks) {
+            return bad(format!(
+                "sequence {seq}: block id {b} >= cache size {num_blocks}"
+            ));
+        }
+        for (i, tok) in (lo..hi).enumerate() {
+            let pos = self.positions[tok] as usize;
+            if pos >= max_positions {
+                return Err(too_long(pos));
+            }
+            // The new token's slot must be where the attention kernel will
+            // look for context index ctx - q + i.
+            let idx = ctx - q + i;
+            let want = table[idx / block_size] as usize * block_size + idx % block_size;
+            let slot = self.slot_mapping[tok];
+            if slot != want || slot >= num_blocks * block_size {
+                return bad(format!(
+                    "sequence {seq}: token {i} has slot {slot}, its block table puts context index {idx} at slot {want}"
+                ));
+            }
         }
         Ok(())
     }

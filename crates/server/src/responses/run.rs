@@ -69,23 +69,7 @@ pub fn prepare(
     }
     let resolved = program_id::resolve(&req.common, headers)?;
     let id = state.request_id("resp");
-    let prev = match &req.previous_response_id {
-        Some(prev) => Some(previous(state, prev)?),
-        None => None,
-    };
-    let program = match &prev {
-        Some(p) => p.object.program_id.clone(),
-        None => resolved.program.clone().unwrap_or_else(|| id.clone()),
-    };
-    let mut history = prev
-        .as_ref()
-        .map(|p| (*p.history).clone())
-        .unwrap_or_default();
-    match &req.input {
-        Some(input) => append_input(&mut history, input)?,
-        None if prev.is_none() => return Err(ApiError::invalid("input", "input is required")),
-        None => {}
-    }
+    let (prev, program, history) = conversation(state, &req, &resolved, &id)?;
     if req.common.prompt_logprobs.take().is_some() {
         // vLLM's ResponsesRequest does not define it: ignored, as there.
         tracing::info!(
@@ -94,29 +78,11 @@ pub fn prepare(
         );
     }
     let (prompt, tokens, constraint) = render(state, &req, &history, prev.as_ref())?;
-    if let Some(m) = req.max_output_tokens {
-        req.common.max_tokens = Some(m);
-        req.common.max_completion_tokens = None;
-    }
-    let mut sampling = sampling::build(
-        &req.common,
-        &state.sampling_defaults,
-        None,
-        tokens.len(),
-        state.max_model_len,
-    )?;
-    let vocab = state.engine.model_config().vocab_size;
-    crate::controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
-    sampling.params.constraint = constraint;
+    let sampling = response_sampling(state, &mut req, tokens.len(), constraint)?;
     let program_ref = ProgramRef {
         program: Some(program.clone()),
         final_request: !store || resolved.final_request,
-        tool_resources: resolved.tool_resources,
-        parent: resolved.parent,
-        cache_salt: resolved.cache_salt,
-        group: resolved.group,
-        group_size: resolved.group_size,
-        tool_name: resolved.tool_name,
+        ..resolved
     };
     tracing::info!(response = %id, program = %program, prompt_tokens = tokens.len(),
         previous = ?req.previous_response_id, store, stream = req.common.stream, "response");
@@ -154,6 +120,61 @@ pub fn prepare(
         tool_note,
         one_tool_call: req.parallel_tool_calls == Some(false),
     })
+}
+
+/// The stored response `req` continues (if any), the program it runs in
+/// (the previous response's, else the request's, else a one-off named by
+/// `id`) and the conversation with its new input appended.
+fn conversation(
+    state: &SharedState,
+    req: &ResponsesRequest,
+    resolved: &ProgramRef,
+    id: &str,
+) -> Result<(Option<Stored>, String, Vec<ChatMessage>), ApiError> {
+    let prev = match &req.previous_response_id {
+        Some(prev) => Some(previous(state, prev)?),
+        None => None,
+    };
+    let program = match &prev {
+        Some(p) => p.object.program_id.clone(),
+        None => resolved.program.clone().unwrap_or_else(|| id.to_owned()),
+    };
+    let mut history = prev
+        .as_ref()
+        .map(|p| (*p.history).clone())
+        .unwrap_or_default();
+    match &req.input {
+        Some(input) => append_input(&mut history, input)?,
+        None if prev.is_none() => return Err(ApiError::invalid("input", "input is required")),
+        None => {}
+    }
+    Ok((prev, program, history))
+}
+
+/// The sampling of a response of `prompt_len` tokens: the common fields
+/// (`max_output_tokens` standing for `max_tokens`), the server's defaults,
+/// the logit controls and the structured-output `constraint`.
+fn response_sampling(
+    state: &SharedState,
+    req: &mut ResponsesRequest,
+    prompt_len: usize,
+    constraint: Option<agentd_runtime::sampling::Constraint>,
+) -> Result<sampling::Sampling, ApiError> {
+    if let Some(m) = req.max_output_tokens {
+        req.common.max_tokens = Some(m);
+        req.common.max_completion_tokens = None;
+    }
+    let mut sampling = sampling::build(
+        &req.common,
+        &state.sampling_defaults,
+        None,
+        prompt_len,
+        state.max_model_len,
+    )?;
+    let vocab = state.engine.model_config().vocab_size;
+    crate::controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
+    sampling.params.constraint = constraint;
+    Ok(sampling)
 }
 
 /// The stored response a request continues; it must have finished.
