@@ -153,27 +153,8 @@ pub struct KvWhereabouts {
     pub lost: usize,
 }
 
-/// Why a program ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EndReason {
-    /// A release call (`POST /programs/release`).
-    Released,
-    /// Its request marked `final` finished.
-    Final,
-    /// It had no request for longer than the inactivity lease.
-    LeaseExpired,
-}
-
-impl EndReason {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Released => "released",
-            Self::Final => "final",
-            Self::LeaseExpired => "lease_expired",
-        }
-    }
-}
+/// Why a program ended (the program table's, `agentd_scheduler`).
+pub use agentd_scheduler::EndReason;
 
 /// A named program has terminated in the engine: its KV is released and
 /// whatever the outside world tied to it (tool resources) can be reclaimed.

@@ -233,13 +233,11 @@ impl Core {
     /// as soon as it is admitted when it waits. Returns how many.
     pub(crate) fn cancel_all(&mut self) -> usize {
         let mut n = 0;
-        for prog in self.programs.values() {
-            if let Some(req) = &prog.current {
-                req.signals
-                    .cancelled
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                n += 1;
-            }
+        for req in self.requests.values() {
+            req.signals
+                .cancelled
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            n += 1;
         }
         n
     }
@@ -253,12 +251,7 @@ impl Core {
             .running(r)
             .iter()
             .copied()
-            .filter(|p| {
-                self.programs
-                    .get(p)
-                    .and_then(|q| q.current.as_ref())
-                    .is_none_or(|req| req.is_cancelled())
-            })
+            .filter(|p| self.requests.get(p).is_none_or(|req| req.is_cancelled()))
             .collect();
         let any = !cancelled.is_empty();
         for p in cancelled {
@@ -273,12 +266,9 @@ impl Core {
     /// its prefix or pause others for it. True when any ended.
     pub(crate) fn finish_cancelled_waiting(&mut self) -> bool {
         let cancelled: Vec<ProgramId> = self
-            .programs
+            .requests
             .iter()
-            .filter(|(p, q)| {
-                q.current.as_ref().is_some_and(|req| req.is_cancelled())
-                    && !self.replicas.is_running(**p)
-            })
+            .filter(|(p, req)| req.is_cancelled() && !self.replicas.is_running(**p))
             .map(|(p, _)| *p)
             .collect();
         let any = !cancelled.is_empty();

@@ -5,6 +5,7 @@
 //! sampling (the worker samples outside the lock). A replica's step is in
 //! `step.rs`; a program's life (requests ending, releases) in `lifecycle.rs`.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -71,34 +72,6 @@ impl Req {
     }
 }
 
-/// A program as the engine tracks it.
-pub(crate) struct Prog {
-    pub name: Option<String>,
-    /// The request being served (or waiting for the program's restore).
-    pub current: Option<Req>,
-    /// Sibling sequences: requests that arrived while `current` was busy
-    /// (parallel tool calls, sub-agents sharing a session). Each runs at once
-    /// as a one-off program of its own, sharing this program's prefix through
-    /// the prefix cache; releasing this program cancels them.
-    pub children: Vec<ProgramId>,
-    /// For a sibling: the program it belongs to.
-    pub parent: Option<ProgramId>,
-    /// For a sibling whose request carried the final flag: release the
-    /// parent once it ends.
-    pub release_parent: bool,
-    /// Release once nothing of it is in a batch (release call, final flag,
-    /// one-off program).
-    pub release_pending: bool,
-    /// Why it is pending release (announced once it is reaped).
-    pub end_reason: Option<EndReason>,
-    pub steps: u64,
-    /// The program that spawned it (`GenerateRequest::parent_program`).
-    pub parent_program: Option<String>,
-    /// Paused (why, since when) and not started again: its next start is
-    /// a restore ([`crate::trace`]).
-    pub paused: Option<(Cause, Instant)>,
-}
-
 /// A sequence planned into a step.
 pub(crate) struct SeqPlan {
     pub program: ProgramId,
@@ -143,32 +116,24 @@ pub(crate) struct Sampled {
 }
 
 /// The engine's requests as the scheduling core sees them.
-pub(crate) struct Requests<'a>(pub &'a HashMap<ProgramId, Prog>);
+pub(crate) struct Requests<'a>(pub &'a HashMap<ProgramId, Req>);
 
 impl Contexts for Requests<'_> {
     fn context(&self, p: ProgramId) -> Option<&[u32]> {
-        let req = self.0.get(&p)?.current.as_ref()?;
-        Some(&req.tokens)
+        Some(&self.0.get(&p)?.tokens)
     }
     fn generated(&self, p: ProgramId) -> usize {
-        self.0
-            .get(&p)
-            .and_then(|q| q.current.as_ref())
-            .map_or(0, |r| r.tokens.len() - r.prompt_len)
+        self.0.get(&p).map_or(0, |r| r.tokens.len() - r.prompt_len)
     }
     fn cache_salt(&self, p: ProgramId) -> u64 {
-        self.0
-            .get(&p)
-            .and_then(|q| q.current.as_ref())
-            .map_or(0, |r| r.cache_salt)
+        self.0.get(&p).map_or(0, |r| r.cache_salt)
     }
     fn group(&self, p: ProgramId) -> Option<(GroupId, Option<usize>)> {
-        self.0.get(&p)?.current.as_ref()?.group
+        self.0.get(&p)?.group
     }
     fn full_prefill(&self, p: ProgramId) -> bool {
         self.0
             .get(&p)
-            .and_then(|q| q.current.as_ref())
             .and_then(|r| r.prompt_lp.as_ref())
             .is_some_and(|l| !l.done)
     }
@@ -176,10 +141,14 @@ impl Contexts for Requests<'_> {
 
 pub(crate) struct Core {
     pub cfg: EngineConfig,
-    /// The scheduling core: KV caches, running sets, homes, the policy.
+    /// The scheduling core: KV caches, running sets, homes, the policy,
+    /// and the program table (each program's one record: its scheduling
+    /// state, name, siblings and release, `agentd_scheduler::Life`).
     pub replicas: ReplicaSet,
     pub names: HashMap<String, ProgramId>,
-    pub programs: HashMap<ProgramId, Prog>,
+    /// The request each program is serving, or that waits for the
+    /// program's restore: only programs with one in flight have an entry.
+    pub requests: HashMap<ProgramId, Req>,
     /// Each replica's open step, from its plan to its end (the programs
     /// in its batch are inside the model forward: a release waits for them).
     pub(crate) steps: Vec<Option<Step>>,
@@ -218,7 +187,7 @@ impl Core {
             .with_host_tier(cfg.host_blocks)
             .with_step_balance(&cfg.scheduler),
             names: HashMap::new(),
-            programs: HashMap::new(),
+            requests: HashMap::new(),
             steps: (0..n).map(|_| None).collect(),
             counters: Counters::default(),
             started: Instant::now(),
@@ -311,17 +280,16 @@ impl Core {
             prompt_lp,
             span: sub.span,
         };
-        let Some(prog) = self.programs.get_mut(&p) else {
+        let Some(life) = self.replicas.programs_mut().life_mut(p) else {
             return;
         };
         // A new request revives a program whose release was still pending.
-        prog.release_pending = false;
-        prog.end_reason = None;
+        life.release = None;
         if let Some(parent) = sub.parent_program {
-            prog.parent_program = Some(parent);
+            life.parent_program = Some(parent);
         }
-        if prog.current.is_none() {
-            prog.current = Some(r);
+        if let Entry::Vacant(slot) = self.requests.entry(p) {
+            slot.insert(r);
             self.route(p);
             return;
         }
@@ -330,17 +298,19 @@ impl Core {
         // program are allowed). Its own block table starts from the cached
         // prefix; the program's table continues from its main line.
         let s = self.new_program(None);
-        if let Some(q) = self.programs.get_mut(&p) {
-            q.children.push(s);
+        let table = self.replicas.programs_mut();
+        if let Some(life) = table.life_mut(p) {
+            life.children.push(s);
         }
-        if let Some(sib) = self.programs.get_mut(&s) {
+        if let Some(sib) = table.life_mut(s) {
             sib.parent = Some(p);
             sib.release_parent = r.final_request;
-            sib.current = Some(Req {
-                final_request: true,
-                ..r
-            });
         }
+        let r = Req {
+            final_request: true,
+            ..r
+        };
+        self.requests.insert(s, r);
         debug!(program = %p, sibling = %s, "parallel request runs as a sibling");
         self.route(s);
     }
@@ -349,11 +319,11 @@ impl Core {
     /// once if the program is active somewhere.
     fn route(&mut self, p: ProgramId) {
         let now = self.now();
-        match self.replicas.on_request(p, now, &Requests(&self.programs)) {
+        match self.replicas.on_request(p, now, &Requests(&self.requests)) {
             Some(st) => self.note_start(st),
             None => {
                 let waiting = self.num_waiting();
-                if let Some(req) = self.programs.get(&p).and_then(|q| q.current.as_ref()) {
+                if let Some(req) = self.requests.get(&p) {
                     self.outbox.mark(&req.span, Mark::Queued { waiting });
                 }
             }
@@ -364,11 +334,12 @@ impl Core {
     /// cache when the request first started (its usage); traces the
     /// admission, or the restore when the program had been paused.
     pub(crate) fn note_start(&mut self, st: agentd_scheduler::Started) {
-        let Some(prog) = self.programs.get_mut(&st.program) else {
+        let now = self.now();
+        let Some(life) = self.replicas.programs_mut().life_mut(st.program) else {
             return;
         };
-        let paused = prog.paused.take();
-        let Some(req) = prog.current.as_mut() else {
+        let paused = life.paused.take();
+        let Some(req) = self.requests.get_mut(&st.program) else {
             return;
         };
         let (replica, cached_tokens) = (st.replica, st.matched.cached_tokens);
@@ -390,7 +361,7 @@ impl Core {
                 replica,
                 cached_tokens,
                 cause,
-                paused_s: since.elapsed().as_secs_f64(),
+                paused_s: now - since,
             };
             self.outbox.mark(&req.span, restored);
         }
@@ -399,11 +370,12 @@ impl Core {
     /// `p` was paused (its KV released) for `cause`: traced on its request
     /// if one is in flight, and as the cause of its next start's restore.
     pub(crate) fn note_pause(&mut self, p: ProgramId, cause: Cause) {
-        let Some(prog) = self.programs.get_mut(&p) else {
+        let now = self.now();
+        let Some(life) = self.replicas.programs_mut().life_mut(p) else {
             return;
         };
-        prog.paused.get_or_insert((cause, Instant::now()));
-        if let Some(req) = &prog.current {
+        life.paused.get_or_insert((cause, now));
+        if let Some(req) = self.requests.get(&p) {
             self.outbox.mark(&req.span, Mark::Paused { cause });
         }
     }

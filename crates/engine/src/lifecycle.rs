@@ -5,32 +5,24 @@
 use std::time::Instant;
 
 use agentd_kv::ProgramId;
-use agentd_scheduler::{Lifecycle, Phase, Policy, State};
+use agentd_scheduler::{Ended, Life, Lifecycle, Phase, State};
 use tracing::debug;
 
-use crate::core::{Core, Prog, Req};
+use crate::core::{Core, Req};
 use crate::trace::Mark;
 use crate::{EndReason, Event, FinishReason, KvWhereabouts, ProgramEnded, ProgramStatus, Usage};
 
 impl Core {
+    /// A new program's id, with its record opened in the program table.
     pub(crate) fn new_program(&mut self, name: Option<String>) -> ProgramId {
         let p = ProgramId(self.next_program);
         self.next_program += 1;
-        self.programs.insert(
-            p,
-            Prog {
-                name,
-                current: None,
-                children: Vec::new(),
-                parent: None,
-                release_parent: false,
-                release_pending: false,
-                end_reason: None,
-                steps: 0,
-                parent_program: None,
-                paused: None,
-            },
-        );
+        let now = self.now();
+        let life = Life {
+            name,
+            ..Life::default()
+        };
+        self.replicas.programs_mut().open(p, now, life);
         p
     }
 
@@ -39,9 +31,8 @@ impl Core {
         let Some(&p) = self.names.get(name) else {
             return false;
         };
-        if let Some(prog) = self.programs.get_mut(&p) {
-            prog.release_pending = true;
-            prog.end_reason = Some(EndReason::Released);
+        if let Some(life) = self.replicas.programs_mut().life_mut(p) {
+            life.release = Some(EndReason::Released);
         }
         self.reap(p);
         true
@@ -49,49 +40,59 @@ impl Core {
 
     /// Terminates `p` if it is marked for release and no batch holds it.
     pub(crate) fn reap(&mut self, p: ProgramId) {
-        let pending = self.programs.get(&p).is_some_and(|q| q.release_pending);
-        if !pending || self.in_step(p) {
+        let marked = (self.replicas.programs().life(p)).is_some_and(|l| l.release.is_some());
+        if !marked || self.in_step(p) {
             return;
         }
-        let Some(mut prog) = self.programs.remove(&p) else {
-            return;
-        };
-        if let Some(req) = prog.current.take() {
+        if let Some(ended) = self.replicas.terminate(p) {
+            self.ended(ended);
+        }
+    }
+
+    /// What follows a program's termination (its KV already released): its
+    /// request ends cancelled, its siblings are cancelled, a sibling's
+    /// final request releases its parent, and a named program's end is
+    /// announced.
+    pub(crate) fn ended(&mut self, ended: Ended) {
+        let Ended {
+            program: p,
+            steps,
+            life,
+        } = ended;
+        if let Some(req) = self.requests.remove(&p) {
             let (reason, usage) = (FinishReason::Cancelled, usage_of(&req));
             self.outbox.push(&req.tx, Event::Finished { reason, usage });
             self.outbox
                 .mark_owned(req.span, Mark::Finished { reason, usage });
         }
-        self.replicas.terminate(p);
-        if let Some(name) = &prog.name {
+        if let Some(name) = &life.name {
             self.names.remove(name);
         }
-        let reason = prog.end_reason.unwrap_or(EndReason::Released);
+        let reason = life.release.unwrap_or(EndReason::Released);
         // Debug level: at info, every program's end formatted and wrote a
         // line to the log while holding the engine lock.
-        debug!(program = %p, name = prog.name.as_deref().unwrap_or("-"), steps = prog.steps, reason = reason.as_str(), "program released");
+        debug!(program = %p, name = life.name.as_deref().unwrap_or("-"), steps, reason = reason.as_str(), "program released");
         // Releasing a program cancels its siblings (each is reaped now, or
         // after the step that holds it).
-        for c in prog.children {
-            if let Some(child) = self.programs.get_mut(&c) {
-                child.release_pending = true;
+        for c in life.children {
+            if let Some(child) = self.replicas.programs_mut().life_mut(c) {
+                child.release.get_or_insert(EndReason::Released);
                 child.parent = None;
             }
             self.reap(c);
         }
-        if let Some(parent) = prog.parent {
-            if let Some(q) = self.programs.get_mut(&parent) {
+        if let Some(parent) = life.parent {
+            if let Some(q) = self.replicas.programs_mut().life_mut(parent) {
                 q.children.retain(|c| *c != p);
-                if prog.release_parent {
-                    q.release_pending = true;
-                    q.end_reason = Some(EndReason::Final);
+                if life.release_parent {
+                    q.release = Some(EndReason::Final);
                 }
             }
-            if prog.release_parent {
+            if life.release_parent {
                 self.reap(parent);
             }
         }
-        if let Some(name) = prog.name {
+        if let Some(name) = life.name {
             self.announce_end(ProgramEnded {
                 id: name,
                 reason,
@@ -111,16 +112,9 @@ impl Core {
     /// Ends `p`'s current request and starts its next one, if queued.
     pub(crate) fn finish(&mut self, p: ProgramId, reason: FinishReason) {
         let now = self.now();
-        let Some(prog) = self.programs.get_mut(&p) else {
+        let Some(req) = self.requests.remove(&p) else {
             return;
         };
-        let Some(req) = prog.current.take() else {
-            return;
-        };
-        prog.steps += 1;
-        if let Some(parent) = prog.parent.and_then(|q| self.programs.get_mut(&q)) {
-            parent.steps += 1;
-        }
         let usage = usage_of(&req);
         self.outbox.push(&req.tx, Event::Finished { reason, usage });
         self.outbox
@@ -129,33 +123,34 @@ impl Core {
         self.counters
             .e2e_s
             .observe(req.arrived.elapsed().as_secs_f64());
+        // Counts the request as a step of `p` (and of its parent, for a
+        // sibling) in the program table.
         self.replicas.finish_request(p, now, req.tokens.len());
         if let Some(tool) = req.tool {
             self.replicas.note_tool(p, tool, now);
         }
-        let Some(prog) = self.programs.get_mut(&p) else {
-            return;
-        };
         if req.final_request {
-            prog.release_pending = true;
-            prog.end_reason = Some(EndReason::Final);
-            self.reap(p);
+            if let Some(life) = self.replicas.programs_mut().life_mut(p) {
+                life.release = Some(EndReason::Final);
+                self.reap(p);
+            }
         }
     }
 
     pub fn program_status(&self) -> Vec<ProgramStatus> {
-        let mut v: Vec<ProgramStatus> = self
-            .programs
-            .iter()
-            .filter_map(|(p, prog)| {
-                let info = self.replicas.policy.program(*p);
-                let home = self.replicas.home(*p);
-                let name = prog.name.clone()?;
+        let table = self.replicas.programs();
+        let mut v: Vec<ProgramStatus> = table
+            .lives()
+            .filter_map(|(p, life)| {
+                let name = life.name.clone()?;
+                let info = table.info(p);
+                let home = self.replicas.home(p);
+                let current = self.requests.get(&p);
                 Some(ProgramStatus {
                     id: name,
                     // Reasoning while any of its requests is in flight.
                     phase: match info.as_ref().map(|i| i.phase) {
-                        Some(Phase::Acting) if prog.children.is_empty() => "acting",
+                        Some(Phase::Acting) if life.children.is_empty() => "acting",
                         _ => "reasoning",
                     },
                     state: match info.as_ref().map(|i| i.state) {
@@ -168,25 +163,25 @@ impl Core {
                         .map_or(Lifecycle::Idle, |i| i.lifecycle)
                         .as_str(),
                     replica: home,
-                    context_tokens: prog.current.as_ref().map_or_else(
+                    context_tokens: current.map_or_else(
                         || info.as_ref().map_or(0, |i| i.context_tokens),
                         |r| r.tokens.len(),
                     ),
-                    blocks_held: self.replicas.blocks_held(*p),
+                    blocks_held: self.replicas.blocks_held(p),
                     kv: home.map_or_else(KvWhereabouts::default, |h| {
-                        let w = self.replicas.kv(h).whereabouts(*p);
+                        let w = self.replicas.kv(h).whereabouts(p);
                         KvWhereabouts {
                             device: w.device,
                             host: w.host,
                             lost: w.lost,
                         }
                     }),
-                    steps: prog.steps,
+                    steps: info.as_ref().map_or(0, |i| i.steps),
                     waiting_requests: usize::from(
-                        prog.current.is_some() && !self.replicas.is_running(*p),
+                        current.is_some() && !self.replicas.is_running(p),
                     ),
-                    parallel_requests: prog.children.len(),
-                    parent_program: prog.parent_program.clone(),
+                    parallel_requests: life.children.len(),
+                    parent_program: life.parent_program.clone(),
                     park: info.as_ref().and_then(|i| i.park).map(|k| k.as_str()),
                 })
             })

@@ -26,7 +26,7 @@ impl Core {
             copies: Vec::new(),
             changed: self.finish_cancelled(r) | self.finish_cancelled_waiting(),
         };
-        let begun = self.replicas.begin_step(r, now, &Requests(&self.programs));
+        let begun = self.replicas.begin_step(r, now, &Requests(&self.requests));
         let mut step = match begun {
             Ok(step) => step,
             Err(e) => {
@@ -39,12 +39,11 @@ impl Core {
         for &(p, cause) in &sched.decision.pause {
             self.note_pause(p, cause);
         }
-        for &p in &sched.expired {
-            if let Some(prog) = self.programs.get_mut(&p) {
-                prog.release_pending = true;
-                prog.end_reason = Some(EndReason::LeaseExpired);
-            }
-            self.reap(p);
+        // Terminated by the core already (no request in flight, so no batch
+        // holds them): what follows their end. Rare, and usually empty.
+        for mut ended in sched.expired.clone() {
+            ended.life.release = Some(EndReason::LeaseExpired);
+            self.ended(ended);
         }
         for &st in &sched.started {
             self.note_start(st);
@@ -53,7 +52,7 @@ impl Core {
         // any step computes its prompt.
         batch.changed |= self.finish_cancelled(r);
         let budget = self.cfg.max_num_batched_tokens;
-        let planned = step.plan(&mut self.replicas, budget, &Requests(&self.programs));
+        let planned = step.plan(&mut self.replicas, budget, &Requests(&self.requests));
         let (plan, copies) = match planned {
             Ok(planned) => planned,
             Err(e) => {
@@ -90,11 +89,7 @@ impl Core {
                 .iter()
                 .map(|b| b.0)
                 .collect();
-            let Some(req) = self
-                .programs
-                .get_mut(&s.program)
-                .and_then(|q| q.current.as_mut())
-            else {
+            let Some(req) = self.requests.get_mut(&s.program) else {
                 continue;
             };
             let (from, to) = (s.num_computed, s.num_computed + s.num_new);
@@ -163,7 +158,7 @@ impl Core {
                 Some(step) => step.commit(&mut self.replicas, p, &s.new_tokens),
                 None => Err(StepError::NotOpen(r)),
             };
-            let Some(req) = self.programs.get_mut(&p).and_then(|q| q.current.as_mut()) else {
+            let Some(req) = self.requests.get_mut(&p) else {
                 continue;
             };
             if req.id != s.request {
@@ -229,12 +224,7 @@ impl Core {
     /// it are carried out, and the step is finished.
     pub fn end_step(&mut self, r: usize, seconds: Option<f64>) {
         let step = self.steps[r].take();
-        let pending: Vec<ProgramId> = self
-            .programs
-            .iter()
-            .filter(|(_, q)| q.release_pending)
-            .map(|(p, _)| *p)
-            .collect();
+        let pending: Vec<ProgramId> = self.replicas.programs().marked_for_release().collect();
         for p in pending {
             self.reap(p);
         }

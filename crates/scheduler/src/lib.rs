@@ -42,7 +42,7 @@ pub use config::{Placement, PolicyKind, SchedulerConfig};
 pub use groups::{GroupId, GroupJoin};
 pub use memory::{Memory, Replicas};
 pub use park::{Park, ParkCounts};
-pub use program::{Lifecycle, Phase, ProgramInfo, ProgramTable, State};
+pub use program::{EndReason, Ended, Life, Lifecycle, Phase, ProgramInfo, ProgramTable, State};
 pub use program_policy::ProgramScheduler;
 pub use queue::WaitingQueue;
 pub use rates::{StepRates, StepWork};

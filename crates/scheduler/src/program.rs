@@ -8,6 +8,10 @@ use std::collections::HashMap;
 
 use crate::{GroupId, Park, ProgramId, ToolId};
 
+// What the engine keeps on the record (name, siblings, release): `life.rs`.
+mod life;
+pub use life::{EndReason, Ended, Life};
+
 /// What a program is doing (docs/design.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {
@@ -78,7 +82,7 @@ pub struct ProgramInfo {
     /// Current replica when active, last replica when paused.
     pub replica: Option<usize>,
     pub context_tokens: usize,
-    /// Requests completed.
+    /// Requests completed (its siblings' included).
     pub steps: u64,
     pub waiting: bool,
     /// Requests submitted and not finished.
@@ -115,6 +119,8 @@ pub(crate) struct Program {
     /// When its current turn's first request arrived (turn times).
     pub request_at: f64,
     pub last_activity: f64,
+    /// Requests completed, its siblings' included ([`Life::parent`]): the
+    /// one count of them.
     pub steps: u64,
     /// True once it has been admitted at least once (restore vs. first admission).
     pub admitted_once: bool,
@@ -135,6 +141,8 @@ pub(crate) struct Program {
     /// (`park.rs`): set when it is kept or paused, cleared when it is
     /// admitted again (or, kept, when its next request arrives).
     pub park: Option<Park>,
+    /// The engine's part: name, siblings, release (`life.rs`).
+    pub life: Life,
 }
 
 impl Program {
@@ -160,6 +168,7 @@ impl Program {
             tool: None,
             shared_estimate: None,
             park: None,
+            life: Life::default(),
         }
     }
 

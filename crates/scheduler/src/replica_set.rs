@@ -28,8 +28,8 @@ mod batch;
 pub use batch::MIN_PREFILL_CHUNK;
 
 use crate::{
-    Decision, GroupId, GroupJoin, PauseCause, PauseCounts, Policy, ProgramTable, Replicas, Route,
-    StepError, StepRates, StepWork, ToolId,
+    Decision, Ended, GroupId, GroupJoin, PauseCause, PauseCounts, Policy, ProgramTable, Replicas,
+    Route, StepError, StepRates, StepWork, ToolId,
 };
 
 /// How often (seconds of `now`) leases are checked: `Policy::expire` walks
@@ -80,7 +80,7 @@ pub struct Scheduled {
     /// The admissions, matched (in decision order).
     pub started: Vec<Started>,
     /// Programs whose inactivity lease ran out: terminated, KV released.
-    pub expired: Vec<ProgramId>,
+    pub expired: Vec<Ended>,
 }
 
 /// One sequence of a step's batch.
@@ -249,6 +249,11 @@ impl<P: Policy> ReplicaSet<P> {
     pub fn programs(&self) -> &ProgramTable {
         self.policy.programs()
     }
+    /// The program table, for the driver's part of each record
+    /// ([`crate::Life`]); the scheduling fields stay the policy's.
+    pub fn programs_mut(&mut self) -> &mut ProgramTable {
+        self.policy.programs_mut()
+    }
     /// The replica holding `p`'s KV (resident or paused).
     pub fn home(&self, p: ProgramId) -> Option<usize> {
         self.programs().home(p)
@@ -389,13 +394,14 @@ impl<P: Policy> ReplicaSet<P> {
     /// ([`ReplicaSet::schedule`] calls it every [`LEASE_CHECK_S`] of `now`).
     /// They have no request in flight, so no batch holds them.
     #[doc(hidden)]
-    pub fn expire(&mut self, now: f64) -> Vec<ProgramId> {
+    pub fn expire(&mut self, now: f64) -> Vec<Ended> {
         let gone = self.policy.expire(now);
-        for &p in &gone {
+        let mut ended = Vec::with_capacity(gone.len());
+        for p in gone {
             debug!(program = %p, "lease expired");
-            self.terminate(p);
+            ended.extend(self.terminate(p));
         }
-        gone
+        ended
     }
 
     /// Pauses every program running on `r` by the policy's own order, as
@@ -466,6 +472,7 @@ impl<P: Policy> ReplicaSet<P> {
     pub fn finish_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
         let home = self.home(p);
         let drop_kv = self.policy.on_request_finished(p, now, context_tokens);
+        self.policy.programs_mut().credit_parent(p);
         if self.pending(p) == 0 {
             if let Some(h) = home {
                 self.running[h].retain(|q| *q != p);
@@ -485,14 +492,17 @@ impl<P: Policy> ReplicaSet<P> {
     }
 
     /// The program ended (release, final request, lease): its KV is
-    /// released and the policy forgets it (its record goes with it).
-    pub fn terminate(&mut self, p: ProgramId) {
+    /// released and the policy forgets it (its record goes with it: what
+    /// it said last is returned, `None` when it had none).
+    pub fn terminate(&mut self, p: ProgramId) -> Option<Ended> {
         if let Some(h) = self.home(p) {
             self.running[h].retain(|q| *q != p);
             self.kv[h].release(p);
         }
         self.group_first.retain(|_, first| *first != p);
+        let ended = self.policy.programs_mut().take_end(p);
         self.policy.on_terminate(p);
+        ended
     }
 
     /// Checks replica `r`'s KV invariants (`agentd_kv` docs) when enabled.

@@ -23,8 +23,8 @@ impl Simulation {
         self.metrics.sched_calls += 1;
         let mut step = begun.map_err(|e| invariant(self.now, e))?;
         let sched = step.scheduled();
-        for p in &sched.expired {
-            self.programs.remove(p);
+        for e in &sched.expired {
+            self.programs.remove(&e.program);
         }
         for st in &sched.started {
             self.record_start(st);

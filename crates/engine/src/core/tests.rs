@@ -60,5 +60,9 @@ fn a_failed_commit_ends_the_request_with_an_error() {
         other => panic!("expected the request to end, got {other:?}"),
     }
     assert_eq!(core.num_running(), 0);
-    assert!(core.programs.is_empty(), "the one-off program is released");
+    assert!(core.requests.is_empty(), "its request is gone");
+    assert!(
+        core.replicas.programs().is_empty(),
+        "the one-off program is released"
+    );
 }

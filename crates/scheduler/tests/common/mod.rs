@@ -270,7 +270,7 @@ impl<P: Policy> Engine<P> {
     /// Lease expiry at `now`.
     pub fn expire_at(&mut self, now: f64) -> Vec<ProgramId> {
         self.now = now;
-        let gone = self.core.expire(now);
+        let gone: Vec<ProgramId> = self.core.expire(now).iter().map(|e| e.program).collect();
         self.log.push(Logged::Expired(gone.clone()));
         for p in &gone {
             self.ctx.remove(p);
