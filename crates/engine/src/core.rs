@@ -143,9 +143,9 @@ pub(crate) struct Core {
     pub cfg: EngineConfig,
     /// The scheduling core: KV caches, running sets, homes, the policy,
     /// and the program table (each program's one record: its scheduling
-    /// state, name, siblings and release, `agentd_scheduler::Life`).
+    /// state, name, siblings and release, `agentd_scheduler::Life`; names
+    /// become ids there, `ProgramTable::open`).
     pub replicas: ReplicaSet,
-    pub names: HashMap<String, ProgramId>,
     /// The request each program is serving, or that waits for the
     /// program's restore: only programs with one in flight have an entry.
     pub requests: HashMap<ProgramId, Req>,
@@ -168,7 +168,6 @@ pub(crate) struct Core {
     /// Pause, weight swap: trainer commands the workers carry out at step
     /// boundaries ([`crate::control`]).
     pub(crate) control: crate::control::Control,
-    pub(crate) next_program: u64,
     next_request: u64,
 }
 
@@ -186,7 +185,6 @@ impl Core {
             )
             .with_host_tier(cfg.host_blocks)
             .with_step_balance(&cfg.scheduler),
-            names: HashMap::new(),
             requests: HashMap::new(),
             steps: (0..n).map(|_| None).collect(),
             counters: Counters::default(),
@@ -196,7 +194,6 @@ impl Core {
             outbox: Outbox::default(),
             deferred: Outbox::default(),
             control: Default::default(),
-            next_program: 1,
             next_request: 1,
             cfg,
         }
@@ -249,16 +246,10 @@ impl Core {
             }
             return;
         }
-        let p = match &sub.program {
-            Some(name) => match self.names.get(name) {
-                Some(&p) => p,
-                None => {
-                    let p = self.new_program(Some(name.clone()));
-                    self.names.insert(name.clone(), p);
-                    p
-                }
-            },
-            None => self.new_program(None),
+        let known = (sub.program.as_deref()).and_then(|n| self.replicas.programs().id_of(n));
+        let p = match known {
+            Some(p) => p,
+            None => self.new_program(sub.program.clone()),
         };
         let id = self.next_request;
         self.next_request += 1;

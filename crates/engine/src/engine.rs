@@ -347,7 +347,7 @@ impl Engine {
     /// program is known (ended, or never seen).
     pub fn note_tool(&self, program: &str, tool: &str) -> bool {
         self.inner.shared.section(|core| {
-            let Some(&p) = core.names.get(program) else {
+            let Some(p) = core.replicas.programs().id_of(program) else {
                 return false;
             };
             let now = core.now();

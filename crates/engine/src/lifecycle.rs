@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use agentd_kv::ProgramId;
-use agentd_scheduler::{Ended, Life, Lifecycle, Phase, State};
+use agentd_scheduler::{Ended, Lifecycle, Phase, State};
 use tracing::debug;
 
 use crate::core::{Core, Req};
@@ -15,20 +15,13 @@ use crate::{EndReason, Event, FinishReason, KvWhereabouts, ProgramEnded, Program
 impl Core {
     /// A new program's id, with its record opened in the program table.
     pub(crate) fn new_program(&mut self, name: Option<String>) -> ProgramId {
-        let p = ProgramId(self.next_program);
-        self.next_program += 1;
         let now = self.now();
-        let life = Life {
-            name,
-            ..Life::default()
-        };
-        self.replicas.programs_mut().open(p, now, life);
-        p
+        self.replicas.programs_mut().open(name, now)
     }
 
     /// Client API: release a program by name.
     pub fn release(&mut self, name: &str) -> bool {
-        let Some(&p) = self.names.get(name) else {
+        let Some(p) = self.replicas.programs().id_of(name) else {
             return false;
         };
         if let Some(life) = self.replicas.programs_mut().life_mut(p) {
@@ -64,9 +57,6 @@ impl Core {
             self.outbox.push(&req.tx, Event::Finished { reason, usage });
             self.outbox
                 .mark_owned(req.span, Mark::Finished { reason, usage });
-        }
-        if let Some(name) = &life.name {
-            self.names.remove(name);
         }
         let reason = life.release.unwrap_or(EndReason::Released);
         // Debug level: at info, every program's end formatted and wrote a

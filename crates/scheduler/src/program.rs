@@ -213,6 +213,9 @@ impl Program {
 #[derive(Debug, Clone, Default)]
 pub struct ProgramTable {
     records: HashMap<ProgramId, Program>,
+    /// Named programs' ids, and the last id minted (`life.rs`).
+    names: HashMap<String, ProgramId>,
+    last_id: u64,
 }
 
 impl ProgramTable {

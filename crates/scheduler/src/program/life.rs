@@ -66,15 +66,32 @@ pub struct Ended {
 }
 
 impl ProgramTable {
-    /// Makes `p`'s record at `now`, with `life`, before its first request
-    /// reaches the policy (the engine does, so that a program's record
-    /// exists from its first request to its end). A policy makes the
-    /// record itself for a program it sees first (the simulator's).
-    pub fn open(&mut self, p: ProgramId, now: f64, life: Life) {
+    /// Mints a new program's id (from 1 up; the one place a program's name
+    /// becomes an id) and makes its record at `now`, named `name` (`None`:
+    /// a one-off program), before its first request reaches the policy:
+    /// the engine does, so that a program's record exists from its first
+    /// request to its end. A driver that numbers its programs itself (the
+    /// simulator, the tests) never calls it; the policy makes the record
+    /// of a program it sees first.
+    pub fn open(&mut self, name: Option<String>, now: f64) -> ProgramId {
+        self.last_id += 1;
+        let p = ProgramId(self.last_id);
+        if let Some(n) = &name {
+            self.names.insert(n.clone(), p);
+        }
+        let life = Life {
+            name,
+            ..Life::default()
+        };
         self.records
             .entry(p)
             .or_insert_with(|| Program::new(now, 0))
             .life = life;
+        p
+    }
+    /// The id of the live program named `name`.
+    pub fn id_of(&self, name: &str) -> Option<ProgramId> {
+        self.names.get(name).copied()
     }
     pub fn life(&self, p: ProgramId) -> Option<&Life> {
         self.records.get(&p).map(|q| &q.life)
@@ -97,6 +114,9 @@ impl ProgramTable {
     /// the record next).
     pub(crate) fn take_end(&mut self, p: ProgramId) -> Option<Ended> {
         let q = self.records.get_mut(&p)?;
+        if let Some(n) = &q.life.name {
+            self.names.remove(n);
+        }
         Some(Ended {
             program: p,
             steps: q.steps,
