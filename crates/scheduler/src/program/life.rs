@@ -132,3 +132,40 @@ impl ProgramTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_minted_once_and_goes_with_the_record() {
+        let mut t = ProgramTable::default();
+        let a = t.open(Some("a".into()), 0.0);
+        let sib = t.open(None, 1.0);
+        assert_ne!(a, sib, "each open mints a new id");
+        assert_eq!(t.id_of("a"), Some(a));
+        assert_eq!(t.life(a).and_then(|l| l.name.as_deref()), Some("a"));
+        if let Some(l) = t.life_mut(sib) {
+            l.parent = Some(a);
+        }
+        // The sibling's finished request is a step of its parent too.
+        for p in [a, sib] {
+            if let Some(q) = t.get_mut(&p) {
+                q.steps += 1;
+            }
+            t.credit_parent(p);
+        }
+        assert_eq!(t.info(a).map(|i| i.steps), Some(2));
+        assert_eq!(t.info(sib).map(|i| i.steps), Some(1));
+        if let Some(l) = t.life_mut(a) {
+            l.release = Some(EndReason::Final);
+        }
+        assert_eq!(t.marked_for_release().collect::<Vec<_>>(), vec![a]);
+        let ended = t.take_end(a).expect("a has a record");
+        assert_eq!((ended.program, ended.steps), (a, 2));
+        assert_eq!(ended.life.release, Some(EndReason::Final));
+        assert_eq!(t.id_of("a"), None, "the name goes with the program");
+        let again = t.open(Some("a".into()), 2.0);
+        assert_ne!(again, a, "a new program of the same name gets a new id");
+    }
+}
