@@ -246,18 +246,8 @@ impl Core {
     /// after the schedule admitted some: a cancelled request never gets a
     /// step). True when any ended.
     pub(crate) fn finish_cancelled(&mut self, r: usize) -> bool {
-        let cancelled: Vec<ProgramId> = self
-            .replicas
-            .running(r)
-            .iter()
-            .copied()
-            .filter(|p| self.requests.get(p).is_none_or(|req| req.is_cancelled()))
-            .collect();
-        let any = !cancelled.is_empty();
-        for p in cancelled {
-            self.finish(p, agentd_runtime::FinishReason::Cancelled);
-        }
-        any
+        let running = self.replicas.running(r).to_vec();
+        self.finish_cancelled_among(running)
     }
 
     /// Ends the cancelled requests waiting for admission (their client went
@@ -265,15 +255,24 @@ impl Core {
     /// global queue now, before a decision could count room for it, match
     /// its prefix or pause others for it. True when any ended.
     pub(crate) fn finish_cancelled_waiting(&mut self) -> bool {
-        let cancelled: Vec<ProgramId> = self
+        let waiting: Vec<ProgramId> = self
             .requests
-            .iter()
-            .filter(|(p, req)| req.is_cancelled() && !self.replicas.is_running(**p))
-            .map(|(p, _)| *p)
+            .keys()
+            .copied()
+            .filter(|p| !self.replicas.is_running(*p))
             .collect();
-        let any = !cancelled.is_empty();
-        for p in cancelled {
-            self.finish(p, agentd_runtime::FinishReason::Cancelled);
+        self.finish_cancelled_among(waiting)
+    }
+
+    /// Ends, of `programs`, those whose request was cancelled (or that have
+    /// none left). True when any ended.
+    fn finish_cancelled_among(&mut self, programs: Vec<ProgramId>) -> bool {
+        let mut any = false;
+        for p in programs {
+            if self.requests.get(&p).is_none_or(|req| req.is_cancelled()) {
+                self.finish(p, agentd_runtime::FinishReason::Cancelled);
+                any = true;
+            }
         }
         any
     }
