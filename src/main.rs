@@ -51,10 +51,6 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(log_filter(std::env::var("RUST_LOG").ok()))
-        .with_writer(std::io::stderr)
-        .init();
     // vLLM's two-letter short flags (`-tp 2`), which clap's one-letter
     // shorts cannot spell: answered by the long flags they stand for.
     let cli = Cli::parse_from(std::env::args_os().map(|a| match a.to_str() {
@@ -63,6 +59,12 @@ fn run() -> anyhow::Result<()> {
         Some("-dp") => "--data-parallel-size".into(),
         _ => a,
     }));
+    let otlp = match &cli.command {
+        Command::Serve(args) => args.otlp_traces_endpoint.as_deref(),
+        _ => None,
+    };
+    // The log, and the span exporter, flushed when the command returns.
+    let _telemetry = cmd::telemetry::init(otlp)?;
     match cli.command {
         Command::Serve(args) => cmd::serve::run(*args),
         Command::Simulate(args) => cmd::simulate::run(*args),
@@ -71,16 +73,4 @@ fn run() -> anyhow::Result<()> {
         Command::Bench(a) => cmd::bench::run(*a),
         Command::BenchModel(a) => cmd::bench_model::run(a),
     }
-}
-
-/// `RUST_LOG` (default `info`), without the engine's request and step
-/// spans unless it names their target: their events would add lines per
-/// request to every `info` log.
-fn log_filter(rust_log: Option<String>) -> tracing_subscriber::EnvFilter {
-    let mut directives = rust_log.unwrap_or_else(|| "info".into());
-    if !directives.contains(agentd_engine::TRACE_TARGET) {
-        directives.push_str(",agentd::trace=off");
-    }
-    tracing_subscriber::EnvFilter::try_new(&directives)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,agentd::trace=off"))
 }

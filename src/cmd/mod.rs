@@ -18,4 +18,5 @@ pub mod model_arg;
 pub mod scheduler_args;
 pub mod serve;
 pub mod simulate;
+pub mod telemetry;
 pub mod vllm_flags;

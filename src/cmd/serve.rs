@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// the ports + r and publishes as data-parallel rank r.
     #[arg(long)]
     pub kv_events_config: Option<String>,
+    /// vLLM's trace export: each request's span (queue, admission, pauses,
+    /// restores, end) and each engine step's span, linked, sent over OTLP
+    /// (HTTP, protobuf) to this URL, e.g. `http://localhost:4318/v1/traces`.
+    #[arg(long, value_name = "URL")]
+    pub otlp_traces_endpoint: Option<String>,
     #[command(flatten)]
     pub sched: SchedulerArgs,
     #[command(flatten)]
