@@ -93,11 +93,7 @@ impl ProgramScheduler {
         let Some(remaining) = self.expected_remaining(prog, now) else {
             return false;
         };
-        let held = mem.blocks_held(l, p);
-        let restore = match self.swap_or_recompute(l, prog, held, mem) {
-            Park::Swap => mem.copy_s(l, held * mem.block_size()),
-            _ => mem.prefill_s(l, 0, prog.context_tokens),
-        };
+        let (_, restore) = self.price(l, prog, mem.blocks_held(l, p), mem);
         restore.is_some_and(|s| remaining < s)
     }
 
@@ -120,24 +116,35 @@ impl ProgramScheduler {
         let Some(prog) = self.programs.get(&p) else {
             return;
         };
-        let park = self.swap_or_recompute(l, prog, mem.blocks_held(l, p), mem);
+        let (park, _) = self.price(l, prog, mem.blocks_held(l, p), mem);
         self.stats.parks.add(park);
         if let Some(prog) = self.programs.get_mut(&p) {
             prog.park = Some(park);
         }
     }
 
-    /// The module's rule for a program holding `held` blocks on `l`.
-    fn swap_or_recompute(&self, l: usize, prog: &Program, held: usize, mem: &dyn Memory) -> Park {
+    /// The module's rule for a program holding `held` blocks on `l`: swap
+    /// or recompute, and the seconds that brings its KV back on restore
+    /// (the copies back, or the prefill of its context; `None` before the
+    /// replica measured them). Keep and the pause's choice read the same
+    /// price.
+    fn price(
+        &self,
+        l: usize,
+        prog: &Program,
+        held: usize,
+        mem: &dyn Memory,
+    ) -> (Park, Option<f64>) {
+        let held_tokens = held * mem.block_size();
+        let prefill = mem.prefill_s(l, 0, prog.context_tokens.max(held_tokens));
         if mem.host_capacity(l) == 0 {
-            return Park::Recompute;
+            return (Park::Recompute, prefill);
         }
-        let tokens = prog.context_tokens.max(held * mem.block_size());
-        // Out when evicted and back on restore.
-        let copies = mem.copy_s(l, 2 * held * mem.block_size());
-        match (mem.prefill_s(l, 0, tokens), copies) {
-            (Some(r), Some(c)) if r <= c => Park::Recompute,
-            _ => Park::Swap,
+        // Out when evicted and back on restore; unknown copies (no step
+        // copied enough yet) mean swap: a copy runs at memory bandwidth.
+        match (prefill, mem.copy_s(l, 2 * held_tokens)) {
+            (Some(r), Some(c)) if r <= c => (Park::Recompute, prefill),
+            _ => (Park::Swap, mem.copy_s(l, held_tokens)),
         }
     }
 }

@@ -87,6 +87,11 @@ pub struct StepRates {
     /// Coefficients (seconds per scaled feature), clamped at zero.
     coef: [f64; N],
     steps: u64,
+    /// Steps seen that copied between the tiers: the copy term is not
+    /// trusted before [`WARM_STEPS`] of them (on the engine, 1 of 66 pauses
+    /// chose recompute off a copy term fitted to a handful of copying steps
+    /// whose times other work explained).
+    copy_steps: u64,
 }
 
 impl Default for StepRates {
@@ -96,6 +101,7 @@ impl Default for StepRates {
             xy: [0.0; N],
             coef: [0.0; N],
             steps: 0,
+            copy_steps: 0,
         }
     }
 }
@@ -116,6 +122,9 @@ impl StepRates {
             self.xy[i] = keep * self.xy[i] + x[i] * seconds;
         }
         self.steps += 1;
+        if work.copied_tokens > 0 {
+            self.copy_steps += 1;
+        }
         if let Some(c) = solve(&self.xx, &self.xy) {
             self.coef = c.map(|v| v.max(0.0));
         }
@@ -145,10 +154,11 @@ impl StepRates {
     }
 
     /// Seconds copying `tokens` tokens' KV between the tiers adds to a
-    /// step, once warm (near zero until some step copied: the ridge keeps
-    /// an unexercised term small).
+    /// step, once [`WARM_STEPS`] steps that copied were seen (before, the
+    /// ridge holds the term near zero and a few noisy steps can swing it).
     pub fn copy_s(&self, tokens: usize) -> Option<f64> {
-        (self.steps >= WARM_STEPS).then(|| tokens as f64 / 1e3 * self.coef[5])
+        (self.steps >= WARM_STEPS && self.copy_steps >= WARM_STEPS)
+            .then(|| tokens as f64 / 1e3 * self.coef[5])
     }
 
     /// The most prefill tokens after `cached` that fit in `seconds` of
@@ -293,5 +303,31 @@ mod tests {
         let s = r.prefill_s(0, 512).unwrap();
         assert!(s.is_finite() && s >= 0.0);
         assert!(r.prefill_tokens_within(0, 0.1).is_some());
+    }
+
+    #[test]
+    fn prices_copies_only_after_enough_steps_copied() {
+        let mut r = StepRates::default();
+        // Warm on steps that copy nothing: the copy term is unknown.
+        for i in 0..100 {
+            let mut w = step(i);
+            w.copied_tokens = 0;
+            r.observe(&w, truth(&w));
+        }
+        assert!(r.predict(&step(1)).is_some());
+        assert_eq!(r.copy_s(1000), None, "no step copied yet");
+        // One step fewer than the floor that copied: still unknown.
+        for i in 0..WARM_STEPS as usize - 1 {
+            let mut w = step(i);
+            w.copied_tokens = 64;
+            r.observe(&w, truth(&w));
+        }
+        assert_eq!(r.copy_s(1000), None);
+        for i in 0..2000 {
+            r.observe(&step(i), truth(&step(i)));
+        }
+        // 3 µs a token copied.
+        let got = r.copy_s(1000).unwrap();
+        assert!((got - 3.0e-3).abs() / 3.0e-3 < 0.05, "{got}");
     }
 }
