@@ -272,9 +272,7 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
         let t = Instant::now();
-        let result = runner
-            .copy_blocks(&copies)
-            .and_then(|()| forward(runner.as_mut(), &plan));
+        let result = forward(runner.as_mut(), &copies, &plan);
         let forward_s = t.elapsed().as_secs_f64();
         let pool = runner.compute_pool().or(own_pool.as_ref());
         let t = Instant::now();
@@ -489,8 +487,14 @@ enum Next {
 
 /// Runs the model on the planned batch, in plan order: one logits row per
 /// sequence that samples, or one per new token for a chunk that scores
-/// prompt positions ([`SeqPlan::prompt`]).
-fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_runtime::Result<Logits> {
+/// prompt positions ([`SeqPlan::prompt`]). The step's tier copies come
+/// first (overlapped with the forward where the runner can:
+/// [`StepRunner::step_after_copies`]).
+fn forward(
+    runner: &mut dyn StepRunner,
+    copies: &[BlockCopy],
+    plan: &[SeqPlan],
+) -> agentd_runtime::Result<Logits> {
     let mut b = BatchBuilder::new(runner.block_size());
     for s in plan {
         let logits = if s.prompt.is_some() {
@@ -502,7 +506,7 @@ fn forward(runner: &mut dyn StepRunner, plan: &[SeqPlan]) -> agentd_runtime::Res
         };
         b.push(&s.new_tokens, s.num_cached, &s.block_table, logits);
     }
-    runner.step(&b.build())
+    runner.step_after_copies(copies, &b.build())
 }
 
 /// Samples each sequence's next token from its logits row (borrowed in

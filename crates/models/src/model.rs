@@ -12,6 +12,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
+use crate::attention::tier_copy::BeforeLayer;
 use crate::attention::{KvCacheConfig, PagedKvCache};
 use crate::batch::BatchInput;
 use crate::config::{Family, ModelConfig, WeightDtype};
@@ -166,6 +167,18 @@ impl Model {
     /// Runs one step: writes the new tokens' K/V into `cache` through the slot
     /// mapping and returns f32 logits `[batch.logits_indices.len(), vocab]`.
     pub fn forward(&self, batch: &BatchInput, cache: &mut PagedKvCache) -> Result<Tensor> {
+        self.forward_with(batch, cache, &mut |_, _| Ok(()))
+    }
+
+    /// [`Model::forward`], calling `before_layer(l, cache)` before layer
+    /// `l` touches the cache: the host tier's copies hand each layer's
+    /// storage back there (`attention::tier_copy`).
+    pub(crate) fn forward_with(
+        &self,
+        batch: &BatchInput,
+        cache: &mut PagedKvCache,
+        before_layer: &mut BeforeLayer<'_>,
+    ) -> Result<Tensor> {
         cache.check_model(&self.cfg)?;
         batch.validate(
             cache.block_size(),
@@ -179,6 +192,7 @@ impl Model {
         let mut x = gather_rows(&self.embed_tokens, &batch.token_ids, hid)?;
         let rope = RopeBatch::new(&self.inv_freq, &batch.positions);
         for (i, layer) in self.layers.iter().enumerate() {
+            before_layer(i, cache)?;
             let mut ctx = StepCtx {
                 layer: i,
                 batch,

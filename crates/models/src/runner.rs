@@ -9,6 +9,7 @@ use agentd_kv::BlockCopy;
 use agentd_runtime::runner::no_host_tier;
 pub use agentd_runtime::runner::{LoadedModel, StepRunner, WeightLoader};
 
+use crate::attention::tier_copy::{self, TierCopies};
 use crate::attention::PagedKvCache;
 use crate::batch::BatchInput;
 use crate::config::ModelConfig;
@@ -102,20 +103,52 @@ impl CpuRunner {
     }
 }
 
-impl StepRunner for CpuRunner {
-    fn step(&mut self, batch: &BatchInput) -> Result<Logits> {
-        let (Some(model), false) = (&self.model, self.cache.is_released()) else {
-            return Err(ModelError::Backend {
+impl CpuRunner {
+    /// The weights, unless memory is released (no step runs then).
+    fn model(&self) -> Result<Arc<Model>> {
+        match (&self.model, self.cache.is_released()) {
+            (Some(model), false) => Ok(model.clone()),
+            _ => Err(ModelError::Backend {
                 backend: "cpu",
                 message: "a step while memory is released".into(),
-            });
-        };
+            }),
+        }
+    }
+}
+
+fn logits_of(batch: &BatchInput, logits: candle_core::Tensor) -> Result<Logits> {
+    if batch.logits_indices.is_empty() {
+        return Ok(Logits::empty());
+    }
+    Logits::from_tensor(logits)
+}
+
+impl StepRunner for CpuRunner {
+    fn step(&mut self, batch: &BatchInput) -> Result<Logits> {
+        let model = self.model()?;
         let cache = &mut self.cache;
         let logits = self.pool.install(|| model.forward(batch, cache))?;
-        if batch.logits_indices.is_empty() {
-            return Ok(Logits::empty());
+        logits_of(batch, logits)
+    }
+
+    /// The copies run on their own thread, layer by layer, and the forward
+    /// takes each layer back just before computing it
+    /// (`attention::tier_copy`): a step waits for the copies of the layer
+    /// it is on, not for all of them.
+    fn step_after_copies(&mut self, copies: &[BlockCopy], batch: &BatchInput) -> Result<Logits> {
+        if copies.is_empty() {
+            return self.step(batch);
         }
-        Logits::from_tensor(logits)
+        let model = self.model()?;
+        let Some(host) = self.host.as_mut() else {
+            return Err(no_host_tier("cpu"));
+        };
+        let plan = TierCopies::plan(&self.cache, host, copies)?;
+        let pool = &self.pool;
+        let logits = tier_copy::beside(&mut self.cache, host, &plan, |cache, before| {
+            pool.install(|| model.forward_with(batch, cache, before))
+        })?;
+        logits_of(batch, logits)
     }
 
     fn block_size(&self) -> usize {

@@ -113,6 +113,15 @@ pub trait StepRunner: Send {
         Err(no_release(&self.device(), tags))
     }
 
+    /// The allocator's copies between the tiers for this step, in order,
+    /// then the step. A runner may overlap the two as long as the step sees
+    /// every copy done (the CPU runner copies layer by layer beside the
+    /// forward); by default, one after the other.
+    fn step_after_copies(&mut self, copies: &[BlockCopy], batch: &BatchInput) -> Result<Logits> {
+        self.copy_blocks(copies)?;
+        self.step(batch)
+    }
+
     /// Carries out the allocator's copies between the tiers, in order
     /// (before the next [`StepRunner::step`]).
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {

@@ -64,7 +64,7 @@ impl KvCacheConfig {
 }
 
 /// K and V of one layer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LayerKv {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
@@ -108,6 +108,24 @@ impl PagedKvCache {
 
     pub fn layer(&self, layer: usize) -> &LayerKv {
         &self.layers[layer]
+    }
+
+    /// Moves every layer's storage out (each slot left empty, the count
+    /// kept): [`crate::attention::tier_copy`] hands them to its copy thread
+    /// and back one layer at a time with [`PagedKvCache::put_layer`].
+    pub(crate) fn take_layers(&mut self) -> Vec<LayerKv> {
+        self.layers.iter_mut().map(std::mem::take).collect()
+    }
+
+    /// Puts layer `layer`'s storage back (ignored past the last layer).
+    pub(crate) fn put_layer(&mut self, layer: usize, kv: LayerKv) {
+        if let Some(slot) = self.layers.get_mut(layer) {
+            *slot = kv;
+        }
+    }
+
+    pub(crate) fn layers_mut(&mut self) -> &mut [LayerKv] {
+        &mut self.layers
     }
 
     /// Frees the K and V storage, keeping the geometry: the pool's memory

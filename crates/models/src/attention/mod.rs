@@ -1,6 +1,8 @@
 //! Attention over a caller-owned paged KV cache.
 //!
 //! - [`cache`]: the cache storage ([`PagedKvCache`]) and the slot-mapped write.
+//! - `tier_copy`: the host tier's copies, carried out layer by layer beside
+//!   the forward.
 //! - [`cpu`]: the CPU paged attention kernel (causal, GQA, any block size),
 //!   with an AVX-512 form (`avx512.rs`) for head dims that are multiples of
 //!   16, an AVX2+FMA form (`avx2.rs`) and an aarch64 NEON form (`neon.rs`,
@@ -15,6 +17,7 @@ pub mod cache;
 pub mod cpu;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+pub(crate) mod tier_copy;
 
 pub use cache::{KvCacheConfig, PagedKvCache};
 pub use cpu::{paged_attention, paged_attention_on, AttentionShape};
