@@ -3,8 +3,7 @@
 //! on the one stream, and the logits of the rows that asked for them stay on
 //! the device until the caller downloads them.
 
-use agentd_models::KvCacheConfig;
-use agentd_runtime::{BatchInput, ModelError};
+use agentd_runtime::{BatchInput, KvCacheConfig, ModelError};
 
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};

@@ -13,6 +13,11 @@
 //! - `model`, `forward` (feature `cuda`): [`GpuQwen3`] and [`GpuKvCache`].
 //! - `runner` (feature `cuda`): [`GpuRunner`], the engine's `StepRunner`.
 //!
+//! The library depends on `agentd-runtime` alone (its loader, KV geometry and
+//! RoPE tables are the CPU backend's too); the checker binary
+//! `agentd-gpu-check` (feature `gpu-check` = `cuda` + `agentd-models`) adds
+//! the CPU backend as the reference it compares against.
+//!
 //! Without the `cuda` feature nothing here needs a CUDA toolkit or a GPU.
 //! With it, the driver and cuBLAS are loaded at run time (cudarc's dynamic
 //! loading), so a binary built on a machine without a GPU runs on one with it.

@@ -10,10 +10,9 @@
 
 use std::sync::Arc;
 
-use agentd_models::layers::{inv_freq, to_f32_vec};
-use agentd_models::loader::Weights;
-use agentd_models::KvCacheConfig;
-use agentd_runtime::Qwen3Config;
+use agentd_runtime::loader::Weights;
+use agentd_runtime::rope::inv_freq;
+use agentd_runtime::{KvCacheConfig, Qwen3Config};
 
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
@@ -109,7 +108,7 @@ fn check_config(cfg: &Qwen3Config) -> Result<()> {
 }
 
 impl GpuQwen3 {
-    /// Uploads a checkpoint mapped by the CPU loader: matrices in `dtype`
+    /// Uploads a checkpoint mapped by the runtime's loader: matrices in `dtype`
     /// straight from the file ([`stage`]), norms in f32.
     pub fn from_weights(
         gpu: Arc<Gpu>,
@@ -124,9 +123,8 @@ impl GpuQwen3 {
             cfg.head_dim,
         );
         let (hid, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-        let host = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            Ok(to_f32_vec(&w.get(name, shape)?)?)
-        };
+        let host =
+            |name: &str, shape: &[usize]| -> Result<Vec<f32>> { Ok(w.get_f32(name, shape)?) };
         // Matrices go from the mapped file to the device in `dtype` (bf16
         // checkpoints bit for bit, no f32 stage); fused ones are appended.
         let mat = |names: &[(&str, usize, usize)]| -> Result<Buf<u16>> {

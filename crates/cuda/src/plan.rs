@@ -2,7 +2,7 @@
 //! launch that can be decided (and tested) without a GPU. The constants here
 //! must match the `#define`s in `kernels/attention.cu`.
 
-use agentd_models::layers::RopeBatch;
+use agentd_runtime::rope::RopeBatch;
 
 use crate::error::{CudaError, Result};
 
@@ -157,9 +157,9 @@ pub fn prefill_smem_bytes(head_dim: usize) -> usize {
 }
 
 /// `[max_pos, head_dim]` table for the RoPE kernel: per position, the cosines
-/// then the sines of the `head_dim / 2` angles, rounded exactly as the CPU
-/// runtime's [`RopeBatch`] does (f32 angle, f64 cos/sin), so both paths rotate
-/// by the same values.
+/// then the sines of the `head_dim / 2` angles, taken from the runtime's
+/// [`RopeBatch`] (f32 angle, f64 cos/sin), the one the CPU backend rotates
+/// with, so both paths rotate by the same values.
 pub fn rope_table(inv_freq: &[f32], max_pos: usize) -> Vec<f32> {
     let positions: Vec<u32> = (0..max_pos as u32).collect();
     let rope = RopeBatch::new(inv_freq, &positions);

@@ -5,7 +5,7 @@
 //! without a full-tensor f32 buffer. Host-side only, so it is built and
 //! tested without a GPU.
 
-use agentd_models::loader::Weights;
+use agentd_runtime::loader::Weights;
 use agentd_runtime::WeightDtype;
 
 use crate::error::Result;

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentd_cuda::{Dtype, Gpu, GpuQwen3};
-use agentd_models::loader::Weights;
 use agentd_models::Qwen3Model;
+use agentd_runtime::loader::Weights;
 use agentd_runtime::{BatchBuilder, LogitsFor, Qwen3Config};
 
 fn gpu() -> Option<Arc<Gpu>> {

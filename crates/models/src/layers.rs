@@ -6,11 +6,14 @@ use std::sync::OnceLock;
 use candle_core::{DType, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
-use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::loader::Weights;
 use crate::matmul::{has_own_kernels, matmul_xwt, WeightElem};
 use crate::simd;
+
+// RoPE's tables are the runtime's (the CUDA backend builds its table from
+// the same ones), at their old paths here.
+pub use agentd_runtime::rope::{inv_freq, RopeBatch, RopeStyle};
 
 /// Whether a product with `t` activation rows runs on [`matmul_xwt`] rather
 /// than candle's gemm.
@@ -188,68 +191,6 @@ pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
         });
 }
 
-/// RoPE angles of one batch's positions, shared by all layers of a step.
-pub struct RopeBatch {
-    /// `[T, head_dim / 2]` cosines and sines.
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-    half: usize,
-}
-
-/// Inverse frequencies of a config (as transformers computes them, in f32),
-/// one per rotated pair: `rotary_dim / 2` of them.
-pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
-    let d = cfg.rotary_dim;
-    let factor = match cfg.rope_scaling {
-        RopeScaling::None => 1.0,
-        RopeScaling::Linear { factor } => factor as f32,
-    };
-    (0..d / 2)
-        .map(|i| {
-            let exponent = (2 * i) as f32 / d as f32;
-            1.0 / (cfg.rope_theta as f32).powf(exponent) / factor
-        })
-        .collect()
-}
-
-/// Which dims of a head's rotated part RoPE pairs up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Dim `i` with dim `i + rotary_dim / 2` (transformers' `rotate_half`;
-    /// Qwen3, Qwen3-MoE, GLM-4.5).
-    Neox,
-    /// Dims `2i` and `2i + 1` (GLM-4-0414's `rotate_half_llm`).
-    Interleaved,
-}
-
-impl RopeBatch {
-    pub fn new(inv_freq: &[f32], positions: &[u32]) -> Self {
-        let half = inv_freq.len();
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for &f in inv_freq {
-                // The angle rounds to f32 like transformers' `freqs`; cos/sin
-                // are then taken in f64 to keep their own error negligible.
-                let a = (p as f32 * f) as f64;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
-        RopeBatch { cos, sin, half }
-    }
-
-    /// `[T, head_dim / 2]` cosines, one row per position given to [`Self::new`].
-    pub fn cos(&self) -> &[f32] {
-        &self.cos
-    }
-
-    /// `[T, head_dim / 2]` sines.
-    pub fn sin(&self) -> &[f32] {
-        &self.sin
-    }
-}
-
 /// Applies, to each head of each token of `buf` (`[T, heads, head_dim]`),
 /// RMSNorm with `norm` when given (Qwen3's q_norm / k_norm) then RoPE on the
 /// head's first `2 * inv_freq.len()` dims (the rest pass through: GLM's
@@ -263,12 +204,12 @@ pub fn head_norm_rope(
     rope: &RopeBatch,
     style: RopeStyle,
 ) {
-    let half = rope.half;
+    let half = rope.half();
     buf.par_chunks_mut(heads * head_dim)
         .enumerate()
         .for_each(|(t, tok)| {
-            let cos = &rope.cos[t * half..(t + 1) * half];
-            let sin = &rope.sin[t * half..(t + 1) * half];
+            let cos = &rope.cos()[t * half..(t + 1) * half];
+            let sin = &rope.sin()[t * half..(t + 1) * half];
             for x in tok.chunks_mut(head_dim) {
                 if let Some(weight) = norm {
                     let ms = simd::dot(x, x) / head_dim as f32;
@@ -322,5 +263,5 @@ pub fn linear(w: &Weights, name: &str, out: usize, inp: usize, bias: bool) -> Re
 
 /// Loads a norm weight `[dim]` as plain f32.
 pub fn norm_weight(w: &Weights, name: &str, dim: usize) -> Result<Vec<f32>> {
-    to_f32_vec(&w.get(name, &[dim])?)
+    w.get_f32(name, &[dim])
 }

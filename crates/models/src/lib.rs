@@ -2,7 +2,6 @@
 //! paged KV cache that the caller owns, for Qwen3, GLM-4-0414, Qwen3-MoE
 //! and GLM-4.5 MoE, implementing `agentd_runtime`'s contract.
 //!
-//! - [`loader`]: memory-mapped safetensors.
 //! - [`model`]: the decoder every family shares, dispatching on the family;
 //!   one file per family for its layers: [`qwen3`], [`glm4`], [`qwen3_moe`],
 //!   [`glm4_moe`].
@@ -15,16 +14,16 @@
 //!   [`Model`] as the runtime's [`LoadedModel`].
 //! - [`synth`]: deterministic random-weight checkpoints (`agentd make-model`).
 //!
-//! [`config`], [`batch`], [`logits`], [`error`], [`sampling`] and
-//! [`tokenizer`] are `agentd_runtime`'s, re-exported here at their old
-//! paths.
+//! [`config`], [`batch`], [`logits`], [`error`], [`sampling`],
+//! [`tokenizer`] and [`loader`] (memory-mapped safetensors, shared with the
+//! CUDA backend) are `agentd_runtime`'s, re-exported here at their old
+//! paths; so are [`KvCacheConfig`] and the RoPE tables in [`layers`].
 
 pub mod attention;
 pub mod cpu_kernels;
 pub mod glm4;
 pub mod glm4_moe;
 pub mod layers;
-pub mod loader;
 mod matmul;
 pub mod memory;
 pub mod mlp;
@@ -41,7 +40,7 @@ mod simd;
 pub mod synth;
 
 // The runtime contract and the model-agnostic parts, at their old paths.
-pub use agentd_runtime::{batch, config, error, logits, sampling, tokenizer};
+pub use agentd_runtime::{batch, config, error, loader, logits, sampling, tokenizer};
 
 pub use attention::{KvCacheConfig, PagedKvCache};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};

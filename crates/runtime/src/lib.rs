@@ -15,6 +15,12 @@
 //!   calls in the chat formats `agentd-chat` parses) it enforces.
 //! - [`tokenizer`]: tokenizer and streaming detokenizer.
 //! - [`memory`]: the memory regions a runner releases and resumes.
+//! - [`kv_cache`]: the paged KV cache's geometry ([`KvCacheConfig`]), which
+//!   each backend's cache storage is laid out from.
+//! - [`rope`]: RoPE's inverse frequencies, per-batch cos/sin rows and pair
+//!   styles, the same on every backend.
+//! - `loader` (feature `candle`): the memory-mapped safetensors checkpoint
+//!   (`Weights`) both backends load from.
 //! - [`error`]: the one error type of every backend.
 //!
 //! [`BlockCopy`] (a copy between the KV tiers a runner carries out) is
@@ -23,8 +29,12 @@
 pub mod batch;
 pub mod config;
 pub mod error;
+pub mod kv_cache;
+#[cfg(feature = "candle")]
+pub mod loader;
 pub mod logits;
 pub mod memory;
+pub mod rope;
 pub mod runner;
 pub mod sampling;
 pub mod tokenizer;
@@ -33,6 +43,9 @@ pub use agentd_kv::BlockCopy;
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};
 pub use config::{Family, GenerationConfig, ModelConfig, Qwen3Config, WeightDtype};
 pub use error::{ModelError, Result};
+pub use kv_cache::KvCacheConfig;
+#[cfg(feature = "candle")]
+pub use loader::LoadDtype;
 pub use logits::Logits;
 pub use memory::MemoryTags;
 pub use runner::{LoadedModel, StepRunner, WeightLoader};

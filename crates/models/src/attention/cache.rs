@@ -21,47 +21,9 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
-/// Geometry of a [`PagedKvCache`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvCacheConfig {
-    pub num_layers: usize,
-    pub num_blocks: usize,
-    pub block_size: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl KvCacheConfig {
-    /// The cache geometry a model needs, with the given pool size.
-    pub fn for_model(cfg: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
-        KvCacheConfig {
-            num_layers: cfg.num_hidden_layers,
-            num_blocks,
-            block_size,
-            num_kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-        }
-    }
-
-    /// Floats of K (or of V) in one layer.
-    fn layer_len(&self) -> usize {
-        self.num_blocks * self.block_len()
-    }
-
-    /// Floats of K (or of V) of one block in one layer.
-    fn block_len(&self) -> usize {
-        self.num_kv_heads * self.block_size * self.head_dim
-    }
-
-    /// Bytes of one block across all layers, K and V.
-    pub fn bytes_per_block(&self) -> usize {
-        2 * self.num_layers
-            * self.num_kv_heads
-            * self.block_size
-            * self.head_dim
-            * std::mem::size_of::<f32>()
-    }
-}
+// The geometry is the runtime's (the CUDA backend's cache has the same
+// one), at its old path here.
+pub use agentd_runtime::KvCacheConfig;
 
 /// K and V of one layer.
 #[derive(Debug, Clone, Default)]

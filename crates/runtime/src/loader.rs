@@ -9,6 +9,11 @@
 //! Each tensor is copied out of the mapping once, in its stored dtype (cast
 //! after that only when asked), and its mapped pages are then dropped from the
 //! resident set, so loading peaks near the checkpoint's size, not twice it.
+//!
+//! Backend-neutral: the CPU backend takes its tensors ([`Weights::get`],
+//! [`Weights::get_matrix`]), the CUDA backend uploads the mapped bytes
+//! ([`Weights::with_raw`]) and its norms ([`Weights::get_f32`]). Built with
+//! the feature `candle` (the mapping and the tensors are candle's).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -238,6 +243,13 @@ impl Weights {
     /// Loads `name`, checking its shape, as a contiguous f32 tensor.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         self.load(name, shape, LoadDtype::Cast(WeightDtype::F32))
+    }
+
+    /// Loads `name`, checking its shape, as a plain f32 vector (norm
+    /// weights, biases: small tensors a backend keeps on the host or
+    /// uploads as f32).
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.get(name, shape)?.flatten_all()?.to_vec1()?)
     }
 
     /// Lends `name`'s bytes as stored in the mapped file (little-endian
