@@ -224,26 +224,10 @@ impl Core {
         }
     }
 
-    fn accept_one(&mut self, sub: Submitted) {
+    fn accept_one(&mut self, mut sub: Submitted) {
         self.counters.prompt_tokens += sub.prompt.len() as u64;
         if sub.released != Released::No {
-            // Released before any worker saw it: what a release right after
-            // it reached the engine would have done.
-            let usage = Usage {
-                prompt_tokens: sub.prompt.len(),
-                ..Usage::default()
-            };
-            let reason = FinishReason::Cancelled;
-            self.outbox.push(&sub.tx, Event::Finished { reason, usage });
-            self.outbox
-                .mark_owned(sub.span, Mark::Finished { reason, usage });
-            if let (Released::CancelAndAnnounce, Some(name)) = (sub.released, sub.program) {
-                self.announce_end(ProgramEnded {
-                    id: name,
-                    reason: EndReason::Released,
-                    at: Instant::now(),
-                });
-            }
+            self.finish_released_on_arrival(sub);
             return;
         }
         let known = (sub.program.as_deref()).and_then(|n| self.replicas.programs().id_of(n));
@@ -251,10 +235,50 @@ impl Core {
             Some(p) => p,
             None => self.new_program(sub.program.clone()),
         };
+        let parent = sub.parent_program.take();
+        let r = self.request_of(sub);
+        let Some(life) = self.replicas.programs_mut().life_mut(p) else {
+            return;
+        };
+        // A new request revives a program whose release was still pending.
+        life.release = None;
+        if let Some(parent) = parent {
+            life.parent_program = Some(parent);
+        }
+        if let Entry::Vacant(slot) = self.requests.entry(p) {
+            slot.insert(r);
+            self.route(p);
+            return;
+        }
+        self.accept_sibling(p, r);
+    }
+
+    /// A submission released before any worker saw it: what a release
+    /// right after it reached the engine would have done.
+    fn finish_released_on_arrival(&mut self, sub: Submitted) {
+        let usage = Usage {
+            prompt_tokens: sub.prompt.len(),
+            ..Usage::default()
+        };
+        let reason = FinishReason::Cancelled;
+        self.outbox.push(&sub.tx, Event::Finished { reason, usage });
+        self.outbox
+            .mark_owned(sub.span, Mark::Finished { reason, usage });
+        if let (Released::CancelAndAnnounce, Some(name)) = (sub.released, sub.program) {
+            self.announce_end(ProgramEnded {
+                id: name,
+                reason: EndReason::Released,
+                at: Instant::now(),
+            });
+        }
+    }
+
+    /// The engine's request record of a submission, with the next id.
+    fn request_of(&mut self, sub: Submitted) -> Req {
         let id = self.next_request;
         self.next_request += 1;
         let prompt_lp = sub.sampler.params().prompt_logprobs.map(PromptLp::new);
-        let r = Req {
+        Req {
             prompt_len: sub.prompt.len(),
             tokens: sub.prompt,
             sampler: Some(sub.sampler),
@@ -270,24 +294,14 @@ impl Core {
             tool: sub.tool,
             prompt_lp,
             span: sub.span,
-        };
-        let Some(life) = self.replicas.programs_mut().life_mut(p) else {
-            return;
-        };
-        // A new request revives a program whose release was still pending.
-        life.release = None;
-        if let Some(parent) = sub.parent_program {
-            life.parent_program = Some(parent);
         }
-        if let Entry::Vacant(slot) = self.requests.entry(p) {
-            slot.insert(r);
-            self.route(p);
-            return;
-        }
-        // The program is busy: run the request now as a sibling rather than
-        // after the current one (docs/design.md §2: concurrent requests of one
-        // program are allowed). Its own block table starts from the cached
-        // prefix; the program's table continues from its main line.
+    }
+
+    /// `p` is busy: `r` runs now as a sibling rather than after the
+    /// current request (docs/design.md §2: concurrent requests of one
+    /// program are allowed). Its own block table starts from the cached
+    /// prefix; the program's table continues from its main line.
+    fn accept_sibling(&mut self, p: ProgramId, r: Req) {
         let s = self.new_program(None);
         let table = self.replicas.programs_mut();
         if let Some(life) = table.life_mut(p) {

@@ -288,26 +288,23 @@ impl ProgramScheduler {
             best = self.best_replica(need, sticky, mem, room, None);
         }
         let here = sticky.is_none_or(|h| h == l) && !room.reserved[l];
-        if best.is_none() && here && room.running[l] == 0 {
+        if best.is_none() && here {
+            // Tool-waiting programs once it waited `idle_reclaim_after_s`
+            // with nothing running here (work conservation), then any
+            // resident one once it is overdue.
             let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
-            if waited >= self.cfg.idle_reclaim_after_s {
-                let ask = Ask {
-                    l,
-                    need,
-                    unit: &unit,
-                    victims: Victims::Acting,
-                };
-                best = self.make_room(&ask, now, mem, room, out);
-            }
-        }
-        if best.is_none() && here && overdue {
+            let idle = room.running[l] == 0 && waited >= self.cfg.idle_reclaim_after_s;
+            let victims = [
+                idle.then_some(Victims::Acting),
+                overdue.then_some(Victims::Resident),
+            ];
             let ask = Ask {
                 l,
                 need,
                 unit: &unit,
-                victims: Victims::Resident,
+                victims: Victims::Acting,
             };
-            best = self.make_room(&ask, now, mem, room, out);
+            best = self.room_by_pausing(ask, victims, now, mem, room, out);
         }
         if best.is_none() && sticky.is_some() {
             return true;
@@ -328,6 +325,26 @@ impl ProgramScheduler {
             self.admit_one(m, r, now, out);
         }
         true
+    }
+
+    /// No replica has room for a unit: pause others on `ask.l` for it,
+    /// trying each class of `victims` in turn.
+    fn room_by_pausing(
+        &mut self,
+        mut ask: Ask<'_>,
+        victims: [Option<Victims>; 2],
+        now: f64,
+        mem: &dyn Memory,
+        room: &mut Room,
+        out: &mut Decision,
+    ) -> Option<usize> {
+        for v in victims.into_iter().flatten() {
+            ask.victims = v;
+            if let Some(r) = self.make_room(&ask, now, mem, room, out) {
+                return Some(r);
+            }
+        }
+        None
     }
 
     fn admit_one(&mut self, p: ProgramId, r: usize, now: f64, out: &mut Decision) {
