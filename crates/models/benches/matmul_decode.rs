@@ -19,6 +19,8 @@
 //! as a decode step's layer weights do not, so read those as the kernel's
 //! compute rate.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -26,6 +28,8 @@ use std::time::{Duration, Instant};
 use agentd_models::cpu_kernels::{self, KernelPath};
 use agentd_models::layers::Linear;
 use candle_core::{DType, Device, Tensor};
+
+use common::list;
 
 /// `[n, k]` weight shapes: the output projections at hidden 256 and 1024,
 /// and layer matrices of both widths.
@@ -40,15 +44,6 @@ const SHAPES: [(usize, usize); 6] = [
 const CHILD: &str = "AGENTD_MATMUL_BENCH_CHILD";
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-fn list(var: &str, default: &str) -> Vec<String> {
-    std::env::var(var)
-        .unwrap_or_else(|_| default.to_string())
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
 
 /// Median seconds per call: at least 5 calls and 0.3 s after one warm-up.
 fn median_secs(mut f: impl FnMut()) -> f64 {

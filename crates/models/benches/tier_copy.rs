@@ -15,6 +15,8 @@
 //! step alone, copies then step (`before`), and `beside`; and
 //! `before / beside`. The CPU model and kernel path head the table.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,18 +27,11 @@ use agentd_models::runner::LoadedModel;
 use agentd_models::synth::{write_random_model, ModelCard};
 use agentd_models::{BatchBuilder, BatchInput, LogitsFor, Model};
 
+use common::list;
+
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const BS: usize = 16;
-
-fn list(var: &str, default: &str) -> Vec<String> {
-    std::env::var(var)
-        .unwrap_or_else(|_| default.to_string())
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
