@@ -101,9 +101,7 @@ impl CpuRunner {
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
     }
-}
 
-impl CpuRunner {
     /// The weights, unless memory is released (no step runs then).
     fn model(&self) -> Result<Arc<Model>> {
         match (&self.model, self.cache.is_released()) {
@@ -229,16 +227,8 @@ impl StepRunner for CpuRunner {
         let Some(host) = self.host.as_mut() else {
             return Err(no_host_tier("cpu"));
         };
-        for c in copies {
-            match *c {
-                BlockCopy::Offload { device, host: s } => {
-                    host.copy_block_from(&self.cache, device.0, s)?
-                }
-                BlockCopy::Onload { host: s, device } => {
-                    self.cache.copy_block_from(host, s, device.0)?
-                }
-            }
-        }
+        // Checked whole before any block moves, as beside a forward.
+        TierCopies::plan(&self.cache, host, copies)?.apply_all(&mut self.cache, host);
         Ok(())
     }
 }

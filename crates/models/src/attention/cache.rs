@@ -153,8 +153,8 @@ impl PagedKvCache {
     }
 
     /// A cache of the same geometry with `num_blocks` blocks: the host
-    /// tier's slots (the engine's `--kv-offloading-size`), which
-    /// [`PagedKvCache::copy_block_from`] fills and reads back.
+    /// tier's slots (the engine's `--kv-offloading-size`), which the tier
+    /// copies (`attention::tier_copy`) fill and read back.
     pub fn with_blocks(&self, num_blocks: usize) -> Result<Self> {
         Self::new(KvCacheConfig {
             num_blocks,
@@ -162,34 +162,8 @@ impl PagedKvCache {
         })
     }
 
-    /// Copies block `src` of `from` (a cache of the same geometry, e.g. the
-    /// host tier's) onto block `dst` of this one, in every layer.
-    pub fn copy_block_from(&mut self, from: &PagedKvCache, src: u32, dst: u32) -> Result<()> {
-        let c = self.cfg;
-        let same_geometry = KvCacheConfig {
-            num_blocks: c.num_blocks,
-            ..from.cfg
-        } == c;
-        if !same_geometry {
-            return Err(ModelError::CacheMismatch(format!(
-                "copy between caches of different geometry: {:?} vs {c:?}",
-                from.cfg
-            )));
-        }
-        let (s, d, n) = (
-            from.block_start(src)?,
-            self.block_start(dst)?,
-            c.block_len(),
-        );
-        for (to, fr) in self.layers.iter_mut().zip(&from.layers) {
-            to.k[d..d + n].copy_from_slice(&fr.k[s..s + n]);
-            to.v[d..d + n].copy_from_slice(&fr.v[s..s + n]);
-        }
-        Ok(())
-    }
-
     /// Where block `b` starts in each layer's K (and V) vector.
-    fn block_start(&self, b: u32) -> Result<usize> {
+    pub(crate) fn block_start(&self, b: u32) -> Result<usize> {
         let n = self.cfg.num_blocks;
         if b as usize >= n {
             return Err(ModelError::CacheMismatch(format!(

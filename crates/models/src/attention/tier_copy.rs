@@ -63,28 +63,30 @@ impl TierCopies {
                 "a tier copy while the cache's memory is released".into(),
             ));
         }
-        let len = d.num_kv_heads * d.block_size * d.head_dim;
-        let start = |b: u32, blocks: usize| match b as usize {
-            b if b < blocks => Ok(b * len),
-            b => Err(ModelError::CacheMismatch(format!(
-                "block id {b} >= cache size {blocks}"
-            ))),
-        };
         let runs = copies
             .iter()
             .map(|c| {
                 let (to_host, dev, slot) = match *c {
-                    BlockCopy::Offload { device, host } => (true, device.0, host),
-                    BlockCopy::Onload { host, device } => (false, device.0, host),
+                    BlockCopy::Offload { device: b, host: s } => (true, b.0, s),
+                    BlockCopy::Onload { host: s, device: b } => (false, b.0, s),
                 };
                 Ok(Run {
                     to_host,
-                    device: start(dev, d.num_blocks)?,
-                    host: start(slot, h.num_blocks)?,
+                    device: device.block_start(dev)?,
+                    host: host.block_start(slot)?,
                 })
             })
             .collect::<Result<_>>()?;
+        let len = d.block_len();
         Ok(TierCopies { runs, len })
+    }
+
+    /// Carries out the copies in every layer, one layer after the other
+    /// (`StepRunner::copy_blocks`: no forward to overlap).
+    pub(crate) fn apply_all(&self, device: &mut PagedKvCache, host: &mut PagedKvCache) {
+        for (d, h) in device.layers_mut().iter_mut().zip(host.layers_mut()) {
+            self.apply(d, h);
+        }
     }
 
     /// Carries out the copies in one layer, in order (an eviction before a
