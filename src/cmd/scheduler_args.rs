@@ -78,6 +78,11 @@ pub struct SchedulerArgs {
     /// measured prefill rate; `inf` turns the bound off.
     #[arg(long, default_value_t = DEFAULTS.admit_prefill_s)]
     pub admit_prefill_s: f64,
+    /// With a host KV tier, a waiting program that fits nowhere pauses
+    /// acting programs (their KV copied to the tier) for room, instead of
+    /// waiting for room under lambda-min.
+    #[arg(long, default_value_t = DEFAULTS.swap_for_waiting, action = clap::ArgAction::Set)]
+    pub swap_for_waiting: bool,
 }
 
 impl SchedulerArgs {
@@ -101,6 +106,7 @@ impl SchedulerArgs {
             tool_decay_base: self.tool_decay_base,
             prefill_share: self.prefill_share,
             admit_prefill_s: self.admit_prefill_s,
+            swap_for_waiting: self.swap_for_waiting,
             ..SchedulerConfig::default()
         }
     }

@@ -164,6 +164,9 @@ pub struct MetricsSnapshot {
     /// The program policy's keep / swap / recompute choices, by name
     /// (`agentd_scheduler::Park`; every choice, zeros included).
     pub parks: Vec<(&'static str, u64)>,
+    /// Every pause by its cause (`agentd_scheduler::PauseCause`; zeros
+    /// included): they sum to `pauses`.
+    pub pause_causes: Vec<(&'static str, u64)>,
 }
 
 impl Core {
@@ -230,6 +233,10 @@ impl Core {
             parks: agentd_scheduler::Park::ALL
                 .iter()
                 .map(|&k| (k.as_str(), stats.parks.of(k)))
+                .collect(),
+            pause_causes: PauseCause::ALL
+                .iter()
+                .map(|&c| (c.as_str(), pauses.of(c)))
                 .collect(),
         };
         Snapshot {

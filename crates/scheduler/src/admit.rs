@@ -23,6 +23,10 @@
 //!   are paused for it (their blocks stay cached, evictable): a replica
 //!   never idles while a waiting program would fit once its tool-waiting
 //!   programs let go;
+//! * **swapping for room** (`swap_for_waiting`, on by default) — with a
+//!   host tier, acting programs of `l` are paused for it while the tier
+//!   keeps what they park: their KV comes back by copies, so room held for
+//!   them would only leave the step's token budget unfilled;
 //! * **bounded waiting** — if it is overdue, programs of `l` resident for at
 //!   least `T` are paused for it, acting ones first, then reasoning ones
 //!   (pause order within each); under the measured bound only acting ones,
@@ -69,7 +73,7 @@ struct Room {
     /// programs each overdue candidate re-ran the same failing pass
     /// (pause order, exclusive blocks of every resident), up to 200 µs of
     /// the engine lock in a decision that admitted nothing.
-    failed: [f64; 2],
+    failed: [f64; 3],
     /// The waiting bound of this decision (`rotation.rs`).
     wait: WaitBound,
     /// Blocks parked per replica, measured when a rotation first asks.
@@ -113,7 +117,7 @@ impl ProgramScheduler {
             running: self.running.clone(),
             empty: (0..n).map(|r| self.active[r].is_empty()).collect(),
             reserved: vec![false; n],
-            failed: [f64::INFINITY; 2],
+            failed: [f64::INFINITY; 3],
             wait: self.wait_bound(mem),
             parked: vec![None; n],
             backlog_s: (0..n).map(|r| self.prefill_backlog_s(r, mem)).collect(),
@@ -294,8 +298,10 @@ impl ProgramScheduler {
             // resident one once it is overdue.
             let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
             let idle = room.running[l] == 0 && waited >= self.cfg.idle_reclaim_after_s;
+            let swap = !idle && self.cfg.swap_for_waiting && mem.host_capacity(l) > 0;
             let victims = [
                 idle.then_some(Victims::Acting),
+                swap.then_some(Victims::ActingToTier),
                 overdue.then_some(Victims::Resident),
             ];
             let ask = Ask {
@@ -332,7 +338,7 @@ impl ProgramScheduler {
     fn room_by_pausing(
         &mut self,
         mut ask: Ask<'_>,
-        victims: [Option<Victims>; 2],
+        victims: [Option<Victims>; 3],
         now: f64,
         mem: &dyn Memory,
         room: &mut Room,
@@ -476,6 +482,7 @@ impl ProgramScheduler {
             self.mark_paused(q, now, mem);
             let cause = match ask.victims {
                 Victims::Acting => PauseCause::WorkConserving,
+                Victims::ActingToTier => PauseCause::TierSwap,
                 Victims::Resident => PauseCause::Overdue,
             };
             out.pause.push((q, cause));
@@ -484,7 +491,7 @@ impl ProgramScheduler {
         self.demand[l].0 -= freed;
         room.empty[l] = self.active[l].is_empty();
         // Room was freed: what failed before may fit now.
-        room.failed = [f64::INFINITY; 2];
+        room.failed = [f64::INFINITY; 3];
         Some(l)
     }
 
@@ -511,7 +518,7 @@ impl ProgramScheduler {
             .and_then(|u| u.group);
         let eligible = |q: &Program, id: ProgramId| {
             let ok = match ask.victims {
-                Victims::Acting => q.phase == Phase::Acting,
+                Victims::Acting | Victims::ActingToTier => q.phase == Phase::Acting,
                 Victims::Resident => self.rotatable(q, now, room.wait),
             };
             let in_unit_group = unit_group.is_some_and(|g| q.group == Some(g));
@@ -550,9 +557,14 @@ impl ProgramScheduler {
             k += 1;
         }
         let chosen = &order[..k];
-        if ask.victims == Victims::Resident && room.wait.gated {
+        let gated = match ask.victims {
+            Victims::Acting => false,
+            Victims::ActingToTier => true,
+            Victims::Resident => room.wait.gated,
+        };
+        if gated {
             let parked = *room.parked[l].get_or_insert_with(|| self.parked_blocks(l, mem));
-            let parks = chosen.iter().map(|v| (v.0, v.2));
+            let parks = chosen.iter().map(|v| v.0);
             if !self.tier_keeps(l, parked, parks, ask.unit, mem) {
                 return None;
             }
@@ -576,7 +588,10 @@ struct Ask<'a> {
 enum Victims {
     /// Work conservation: tool-waiting programs only.
     Acting = 0,
+    /// Swapping for a waiting program (`swap_for_waiting`): tool-waiting
+    /// programs, only while the host tier keeps what they park.
+    ActingToTier = 1,
     /// Bounded waiting: programs resident for at least the bound
     /// ([`ProgramScheduler::rotatable`]).
-    Resident = 1,
+    Resident = 2,
 }

@@ -148,6 +148,24 @@ pub struct SchedulerConfig {
     /// program there arrives behind at most a turn's prefill, and at 2 s
     /// it changed 52.8 to 52.3 steps/min (cpu-portable, 16 programs).
     pub admit_prefill_s: f64,
+    /// Admission swaps for room: with a host KV tier, a waiting program
+    /// that fits nowhere pauses acting programs of the replica (pause
+    /// order; never those whose tool is expected back sooner than their
+    /// copies, `park.rs`) while the tier keeps what they park, instead of
+    /// waiting for room under λmin. The tier turns an acting program's
+    /// blocks into memory a copy brings back, so holding a reasoning
+    /// program back for them only leaves it queued. On by default. The
+    /// CPU agentic bench (AMD EPYC, avx512 kernels, qwen3-bench shape,
+    /// 2,048 blocks of 32, the default 2 GiB tier) at 192 programs, ABBA:
+    /// 714 steps/min, p99 17.5 / 19.5 s, against the request policy's 703,
+    /// 19.6 / 18.1 s; before it (and before the tier gate stopped counting
+    /// the shared system prompt once per parked program, `rotation.rs`) the
+    /// program policy ran 0.94x the request policy with p99 34-40 s, 11%
+    /// of its requests queued 20-40 s. `agentd simulate` swe with a 3.46M-
+    /// token tier (H100): 96 programs 329.5 -> 332.1 steps/min (p99 31.0 ->
+    /// 28.8 s), 192 programs 323.0 -> 325.9 (134.4 -> 129.8 s), at ~1.5x
+    /// the scheduling time per step (234 -> 357 µs at 96).
+    pub swap_for_waiting: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -197,6 +215,7 @@ impl SchedulerConfig {
         tool_decay_base: 1.0,
         prefill_share: 1.0,
         admit_prefill_s: f64::INFINITY,
+        swap_for_waiting: true,
     };
 
     /// `f(t) = x^(-t/Δ)`: the weight of an acting program's exclusive memory

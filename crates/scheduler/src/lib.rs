@@ -73,6 +73,9 @@ pub enum PauseCause {
     /// Work conservation: acting programs let go for a waiting one on a
     /// replica that would otherwise idle.
     WorkConserving,
+    /// Room made for a waiting program by swapping acting programs to
+    /// the host tier (`swap_for_waiting`).
+    TierSwap,
     /// Bounded waiting: room made for an overdue program.
     Overdue,
     /// Blocks ran out while planning a step (vLLM's preemption).
@@ -82,9 +85,10 @@ pub enum PauseCause {
 }
 
 impl PauseCause {
-    pub const ALL: [PauseCause; 5] = [
+    pub const ALL: [PauseCause; 6] = [
         PauseCause::Thrashing,
         PauseCause::WorkConserving,
+        PauseCause::TierSwap,
         PauseCause::Overdue,
         PauseCause::Exhaustion,
         PauseCause::Retracted,
@@ -94,6 +98,7 @@ impl PauseCause {
         match self {
             PauseCause::Thrashing => "thrashing",
             PauseCause::WorkConserving => "work_conserving",
+            PauseCause::TierSwap => "tier_swap",
             PauseCause::Overdue => "overdue",
             PauseCause::Exhaustion => "kv_exhausted",
             PauseCause::Retracted => "retracted",
@@ -103,7 +108,7 @@ impl PauseCause {
 
 /// Pauses counted by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PauseCounts([u64; 5]);
+pub struct PauseCounts([u64; 6]);
 
 impl PauseCounts {
     pub fn of(&self, cause: PauseCause) -> u64 {

@@ -262,7 +262,4 @@ impl ProgramTable {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&ProgramId, &Program)> {
         self.records.iter()
     }
-    pub(crate) fn values(&self) -> impl Iterator<Item = &Program> {
-        self.records.values()
-    }
 }

@@ -14,8 +14,9 @@
 //!   CPU long workload mid-turn).
 //! * **Rotation is bounded by the tier.** A resident is paused for an
 //!   overdue program only while the contexts parked on that replica (its
-//!   paused programs', which only the tiers keep) fit
-//!   [`HOST_KEEP_FRACTION`] of its host tier afterwards, and only while it
+//!   paused programs', which only the tiers keep, less the blocks that
+//!   residents still hold) fit [`HOST_KEEP_FRACTION`] of its host tier
+//!   afterwards, and only while it
 //!   is acting (between turns: a turn is never cut for rotation). Past that
 //!   the tier would drop the contexts due back next and every rotation
 //!   would recompute (`agentd simulate` swe at 192 programs collapsed from
@@ -30,8 +31,8 @@ use crate::program::Program;
 use crate::{Memory, Park, Phase, ProgramId, ProgramScheduler, State};
 
 /// Part of a host tier that contexts parked by rotation may fill: the
-/// rest absorbs blocks shared by several programs (counted once per
-/// program here) and the copies of onloaded blocks.
+/// rest absorbs blocks shared among parked programs but no resident
+/// (counted once per program here) and the copies of onloaded blocks.
 pub(crate) const HOST_KEEP_FRACTION: f64 = 0.9;
 
 /// The shortest measured bound (seconds): requests that end at once
@@ -92,43 +93,57 @@ impl ProgramScheduler {
         q.state == State::Paused && q.replica == Some(l) && q.park != Some(Park::Recompute)
     }
 
-    /// Blocks a context parked by pausing `q` takes in the tier: its
-    /// context, or what it holds when decoding grew it past the last
-    /// request (as [`Self::mark_paused`] records it). One measure for the
-    /// contexts already parked (`held` 0) and the victims about to be.
-    pub(crate) fn parked_size(q: &Program, held: usize, mem: &dyn Memory) -> f64 {
-        mem.blocks_for(q.context_tokens).max(held) as f64
+    /// Blocks a context parked on `l` by pausing `p` takes in the tier
+    /// that no resident program keeps on the device: its context (or what
+    /// it holds when decoding grew it past the last request, as
+    /// [`Self::mark_paused`] records it) less the blocks residents share
+    /// with it. The tier keeps a block once however many programs parked
+    /// it, and blocks residents reference (the common system prompt) stay
+    /// on the device: counted per program, a 1,024-token system prompt
+    /// made 40% of the CPU bench's parked contexts at 192 programs, the
+    /// gate shut while the tier still had room, and programs queued behind
+    /// the residents for 20-40 s (p99 2.3x the request policy's).
+    pub(crate) fn parked_size(&self, l: usize, p: ProgramId, mem: &dyn Memory) -> f64 {
+        let Some(q) = self.programs.get(&p) else {
+            return 0.0;
+        };
+        let context = mem.blocks_for(q.context_tokens);
+        let resident = q.state == State::Active && q.replica == Some(l);
+        let (size, shared) = if resident {
+            let held = mem.blocks_held(l, p);
+            (context.max(held), held - mem.exclusive(l, p).min(held))
+        } else {
+            (context, mem.shared_prefix(l, p))
+        };
+        size.saturating_sub(shared) as f64
     }
 
     /// Blocks of the contexts parked on `l`: programs paused there, whose
     /// KV only the tiers keep.
     pub(crate) fn parked_blocks(&self, l: usize, mem: &dyn Memory) -> f64 {
         self.programs
-            .values()
-            .filter(|q| Self::parked_on(q, l))
-            .map(|q| Self::parked_size(q, 0, mem))
+            .iter()
+            .filter(|(_, q)| Self::parked_on(q, l))
+            .map(|(p, _)| self.parked_size(l, *p, mem))
             .sum()
     }
 
-    /// Whether `l`'s host tier keeps what pausing `victims` (ids and blocks
-    /// held) parks, once `unit`'s members parked on `l` leave it.
+    /// Whether `l`'s host tier keeps what pausing `victims` parks, once
+    /// `unit`'s members parked on `l` leave it.
     pub(crate) fn tier_keeps(
         &self,
         l: usize,
         parked: f64,
-        victims: impl Iterator<Item = (ProgramId, usize)>,
+        victims: impl Iterator<Item = ProgramId>,
         unit: &[ProgramId],
         mem: &dyn Memory,
     ) -> bool {
         let leaving: f64 = unit
             .iter()
-            .filter_map(|m| self.programs.get(m))
-            .filter(|q| Self::parked_on(q, l))
-            .map(|q| Self::parked_size(q, 0, mem))
+            .filter(|m| self.programs.get(m).is_some_and(|q| Self::parked_on(q, l)))
+            .map(|m| self.parked_size(l, *m, mem))
             .sum();
-        let parking: f64 = victims
-            .filter_map(|(v, held)| Some(Self::parked_size(self.programs.get(&v)?, held, mem)))
-            .sum();
+        let parking: f64 = victims.map(|v| self.parked_size(l, v, mem)).sum();
         parked - leaving + parking <= HOST_KEEP_FRACTION * mem.host_capacity(l) as f64
     }
 }

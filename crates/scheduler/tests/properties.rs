@@ -86,12 +86,24 @@ fn setup() -> impl Strategy<Value = Setup> {
         // The measured bound (a short one, so that short sequences reach
         // it), or the hard one.
         prop_oneof![Just((f64::INFINITY, 0.5)), Just((1.0, 1.0))],
+        any::<bool>(),
     )
         .prop_map(
-            |(replicas, blocks, (lmin, lmax), decay, best_fit, reserve, host, (wait, turns))| {
+            |(
+                replicas,
+                blocks,
+                (lmin, lmax),
+                decay,
+                best_fit,
+                reserve,
+                host,
+                (wait, turns),
+                swap,
+            )| {
                 let cfg = SchedulerConfig {
                     max_wait_s: wait,
                     rotate_after_turns: turns,
+                    swap_for_waiting: swap,
                     decay_base: decay,
                     decay_unit_s: 1.0,
                     decode_reserve_blocks: reserve,
@@ -311,8 +323,8 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
     let strategy = (setup(), proptest::collection::vec(ev(), 1..EVENTS));
     let (mut pauses, mut restores, mut exhausted, mut expired, mut moved) = (0, 0, 0, 0, 0);
     // Rotations under the measured bound (with a tier) and the hard one.
-    let (mut measured, mut hard) = (0, 0);
-    for _ in 0..256 {
+    let (mut measured, mut hard, mut swapped) = (0, 0, 0);
+    for _ in 0..1024 {
         let (s, evs) = strategy.new_tree(&mut runner).unwrap().current();
         let eng = run_program(&s, &evs).unwrap();
         let st = eng.policy.stats();
@@ -320,6 +332,7 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
         pauses += by_cause.of(PauseCause::Thrashing);
         restores += st.restores;
         exhausted += by_cause.of(PauseCause::Exhaustion);
+        swapped += by_cause.of(PauseCause::TierSwap);
         if s.cfg.max_wait_s.is_finite() {
             hard += by_cause.of(PauseCause::Overdue);
         } else {
@@ -340,11 +353,14 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
         "pauses {pauses} restores {restores} exhausted {exhausted} expired {expired} moved {moved}"
     );
     // The measured bound needs eight finished turns, a queue overdue by a
-    // second, an acting resident and room in a small tier at once: rare in
-    // random sequences (its rules are tested one by one in rotation.rs), so
-    // this only shows that the path runs under the invariant checks.
+    // second, an acting resident and room in a small tier at once, and
+    // (half the sequences swap for waiting programs, which takes acting
+    // residents before the bound does) the switch off: rare in random
+    // sequences (its rules are tested one by one in rotation.rs, and 1,024
+    // sequences run in under a second), so this only shows that the path
+    // runs under the invariant checks.
     assert!(
-        measured >= 1 && hard >= 10,
-        "rotations: measured bound {measured}, hard bound {hard}"
+        measured >= 1 && hard >= 10 && swapped >= 10,
+        "rotations: measured bound {measured}, hard bound {hard}; tier swaps {swapped}"
     );
 }

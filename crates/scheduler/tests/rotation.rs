@@ -11,10 +11,13 @@ use common::{config, ids, pid, Engine, BS};
 
 type Eng = Engine<ProgramScheduler>;
 
-/// The test config with a bound of two turns.
+/// The test config with a bound of two turns, and without swapping for
+/// waiting programs (`tier_swap.rs`), which would otherwise take acting
+/// programs before the bound does.
 fn two_turns() -> SchedulerConfig {
     SchedulerConfig {
         rotate_after_turns: 2.0,
+        swap_for_waiting: false,
         ..config(0.9, 1.0)
     }
 }

@@ -125,6 +125,15 @@ const ENGINE: &[Family<MetricsSnapshot>] = &[
         },
     },
     Family {
+        name: "agentd:program_pauses_by_cause_total",
+        kind: COUNTER,
+        help: "Programs paused by the scheduler, by cause (thrashing, work_conserving, tier_swap, overdue, kv_exhausted, retracted); they sum to agentd:program_pauses_total.",
+        get: Get::Series {
+            model: true,
+            get: |m| m.pause_causes.iter().map(|&(k, n)| (format!("cause=\"{}\"", escape(k)), n as f64)).collect(),
+        },
+    },
+    Family {
         name: "agentd:programs",
         kind: GAUGE,
         help: "Live programs by phase and state.",
@@ -297,6 +306,7 @@ mod tests {
             fit_prefill_tokens_per_s: 2500.0,
             fit_decode_step_s: 0.015,
             parks: vec![("keep", 1), ("swap", 8), ("recompute", 0)],
+            pause_causes: vec![("thrashing", 1), ("tier_swap", 1), ("kv_exhausted", 2)],
         }
     }
 
@@ -329,6 +339,8 @@ mod tests {
             format!("agentd:park_decisions_total{{{l},choice=\"keep\"}} 1"),
             format!("agentd:park_decisions_total{{{l},choice=\"swap\"}} 8"),
             format!("agentd:park_decisions_total{{{l},choice=\"recompute\"}} 0"),
+            format!("agentd:program_pauses_by_cause_total{{{l},cause=\"tier_swap\"}} 1"),
+            format!("agentd:program_pauses_by_cause_total{{{l},cause=\"kv_exhausted\"}} 2"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.01\"}} 0"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.04\"}} 1"),
             format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"+Inf\"}} 1"),
