@@ -76,7 +76,8 @@ struct Room {
     failed: [f64; 3],
     /// The waiting bound of this decision (`rotation.rs`).
     wait: WaitBound,
-    /// Blocks parked per replica, measured when a rotation first asks.
+    /// Blocks parked per replica, measured when a rotation or a tier swap
+    /// first asks.
     parked: Vec<Option<f64>>,
     /// Prefill seconds queued per replica, this decision's admissions
     /// included (`admit_prefill_s`; zeros while the bound is off).
