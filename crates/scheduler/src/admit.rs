@@ -23,10 +23,9 @@
 //!   are paused for it (their blocks stay cached, evictable): a replica
 //!   never idles while a waiting program would fit once its tool-waiting
 //!   programs let go;
-//! * **swapping for room** (`swap_for_waiting`, on by default) — with a
-//!   host tier, acting programs of `l` are paused for it while the tier
-//!   keeps what they park: their KV comes back by copies, so room held for
-//!   them would only leave the step's token budget unfilled;
+//! * **swapping for room** (`swap_for_waiting`) — with a host tier and one
+//!   replica, acting programs are paused for it while the tier keeps what
+//!   they park: their KV comes back by copies;
 //! * **bounded waiting** — if it is overdue, programs of `l` resident for at
 //!   least `T` are paused for it, acting ones first, then reasoning ones
 //!   (pause order within each); under the measured bound only acting ones,
@@ -299,7 +298,9 @@ impl ProgramScheduler {
             // resident one once it is overdue.
             let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
             let idle = room.running[l] == 0 && waited >= self.cfg.idle_reclaim_after_s;
-            let swap = !idle && self.cfg.swap_for_waiting && mem.host_capacity(l) > 0;
+            // One replica only (8 were unbalanced: `swap_for_waiting`).
+            let one = mem.num_replicas() == 1 && mem.host_capacity(l) > 0;
+            let swap = !idle && self.cfg.swap_for_waiting && one;
             let victims = [
                 idle.then_some(Victims::Acting),
                 swap.then_some(Victims::ActingToTier),

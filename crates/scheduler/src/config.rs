@@ -164,7 +164,12 @@ pub struct SchedulerConfig {
     /// of its requests queued 20-40 s. `agentd simulate` swe with a 3.46M-
     /// token tier (H100): 96 programs 329.5 -> 332.1 steps/min (p99 31.0 ->
     /// 28.8 s), 192 programs 323.0 -> 325.9 (134.4 -> 129.8 s), at ~1.5x
-    /// the scheduling time per step (234 -> 357 µs at 96).
+    /// the scheduling time per step (234 -> 357 µs at 96). It applies to
+    /// a single replica only: with 8 replicas (768 programs, same tier) it
+    /// made room on whichever replica stepped and unbalanced them (kv
+    /// imbalance 0.05 -> 0.53, 2617.6 -> 2488.6 steps/min, p99 36 -> 66 s,
+    /// against the request policy's 2681.2); placement-aware swapping is
+    /// not built.
     pub swap_for_waiting: bool,
 }
 
