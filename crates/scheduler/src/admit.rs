@@ -526,7 +526,7 @@ impl ProgramScheduler {
             let in_unit_group = unit_group.is_some_and(|g| q.group == Some(g));
             ok && !in_unit_group && !out.pauses(id)
         };
-        let order: Vec<(ProgramId, f64, usize)> = self
+        let order: Vec<(ProgramId, f64)> = self
             .pause_order(l, now, mem)
             .into_iter()
             .filter(|&(q, _, _)| self.programs.get(&q).is_some_and(|x| eligible(x, q)))
@@ -537,7 +537,7 @@ impl ProgramScheduler {
                 }
                 !keep
             })
-            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem), held))
+            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem)))
             .collect();
         if order.is_empty() {
             return None;
