@@ -3,6 +3,7 @@
 
 use agentd_runtime::SamplingParams;
 
+use crate::app::AppState;
 use crate::error::ApiError;
 use crate::protocol::CommonParams;
 
@@ -91,6 +92,33 @@ pub fn build(
         stop,
         include_stop_str_in_output: false,
     })
+}
+
+/// What a route asks of [`for_request`]: the defaults unset fields take,
+/// the logprobs asked for (count, and the field that asked), and the
+/// prompt's length.
+pub struct Ask<'a> {
+    pub defaults: &'a SamplingParams,
+    pub logprobs: Option<(u32, &'static str)>,
+    pub prompt_len: usize,
+}
+
+/// A request's sampling, the one path every generation route takes (chat,
+/// completions, responses, SGLang's `/generate`, vLLM's token route):
+/// [`build`] (parameters and their checks, against the server's context
+/// length) then [`crate::controls::apply`] (token controls, checked against
+/// the model's vocabulary).
+pub fn for_request(state: &AppState, c: &CommonParams, ask: Ask<'_>) -> Result<Sampling, ApiError> {
+    let mut sampling = build(
+        c,
+        ask.defaults,
+        ask.logprobs,
+        ask.prompt_len,
+        state.max_model_len,
+    )?;
+    let vocab = state.engine.model_config().vocab_size;
+    crate::controls::apply(c, &state.tokenizer, vocab, &mut sampling)?;
+    Ok(sampling)
 }
 
 #[cfg(test)]

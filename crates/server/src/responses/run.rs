@@ -164,15 +164,12 @@ fn response_sampling(
         req.common.max_tokens = Some(m);
         req.common.max_completion_tokens = None;
     }
-    let mut sampling = sampling::build(
-        &req.common,
-        &state.sampling_defaults,
-        None,
+    let ask = sampling::Ask {
+        defaults: &state.sampling_defaults,
+        logprobs: None,
         prompt_len,
-        state.max_model_len,
-    )?;
-    let vocab = state.engine.model_config().vocab_size;
-    crate::controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
+    };
+    let mut sampling = sampling::for_request(state, &req.common, ask)?;
     sampling.params.constraint = constraint;
     Ok(sampling)
 }

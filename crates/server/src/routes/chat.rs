@@ -121,15 +121,12 @@ async fn prepare(
         }
         _ => None,
     };
-    let mut sampling = sampling::build(
-        &req.common,
-        &state.sampling_defaults,
-        top.map(|k| (k, "top_logprobs")),
-        prompt.len(),
-        state.max_model_len,
-    )?;
-    let vocab = state.engine.model_config().vocab_size;
-    controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
+    let ask = sampling::Ask {
+        defaults: &state.sampling_defaults,
+        logprobs: top.map(|k| (k, "top_logprobs")),
+        prompt_len: prompt.len(),
+    };
+    let mut sampling = sampling::for_request(state, &req.common, ask)?;
     sampling.params.constraint = constraint;
     let n = choices::count(req.common.n, 1)?;
     tracing::info!(

@@ -140,17 +140,14 @@ async fn prepare(
         ids: Vec::new(),
         n,
     };
-    let vocab = state.engine.model_config().vocab_size;
     for (mut ids, text) in prompts {
         controls::truncate(&mut ids, &req.common, state.max_model_len)?;
-        let mut sampling = sampling::build(
-            &req.common,
-            &state.sampling_defaults,
-            req.logprobs.map(|k| (k, "logprobs")),
-            ids.len(),
-            state.max_model_len,
-        )?;
-        controls::apply(&req.common, &state.tokenizer, vocab, &mut sampling)?;
+        let ask = sampling::Ask {
+            defaults: &state.sampling_defaults,
+            logprobs: req.logprobs.map(|k| (k, "logprobs")),
+            prompt_len: ids.len(),
+        };
+        let sampling = sampling::for_request(state, &req.common, ask)?;
         tracing::info!(
             program = ?program.program,
             prompt_tokens = ids.len(),

@@ -25,7 +25,7 @@ use crate::protocol::{CommonParams, TokenLogprob, UsageInfo};
 use crate::rl::RidGuard;
 use crate::sampling::Sampling;
 use crate::stop::Matched;
-use crate::{controls, program_id, sampling, sse};
+use crate::{program_id, sampling, sse};
 
 /// One prompt of the request, ready to submit.
 struct Item {
@@ -176,7 +176,6 @@ fn items(
 ) -> Result<Vec<Item>, ApiError> {
     let count = prompts.len();
     let all = req.sampling()?;
-    let vocab = state.engine.model_config().vocab_size;
     let mut out = Vec::with_capacity(count);
     for (i, ids) in prompts.into_iter().enumerate() {
         let sp = all.get(i, count, "sampling_params")?;
@@ -190,15 +189,12 @@ fn items(
             None => 0,
         };
         let top = wants.then_some(k);
-        let mut s = sampling::build(
-            &c,
-            &state.sampling_defaults,
-            top.map(|k| (k, "top_logprobs_num")),
-            ids.len(),
-            state.max_model_len,
-        )
-        .map_err(sglang_names)?;
-        controls::apply(&c, &state.tokenizer, vocab, &mut s).map_err(sglang_names)?;
+        let ask = sampling::Ask {
+            defaults: &state.sampling_defaults,
+            logprobs: top.map(|k| (k, "top_logprobs_num")),
+            prompt_len: ids.len(),
+        };
+        let s = sampling::for_request(state, &c, ask).map_err(sglang_names)?;
         let rid = match &req.rid {
             None => state.request_id("sgl"),
             Some(OneOrMany::One(r)) if count == 1 => r.clone(),

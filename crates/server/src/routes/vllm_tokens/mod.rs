@@ -72,15 +72,12 @@ pub async fn generate(
     controls::truncate(&mut ids, &common, state.max_model_len)?;
     // vLLM's `SamplingParams` defaults, not the model's generation config:
     // vLLM applies only the config's max_tokens on this route.
-    let mut sampling = sampling::build(
-        &common,
-        &agentd_runtime::SamplingParams::default(),
-        logprobs.map(|k| (k, "logprobs")),
-        ids.len(),
-        state.max_model_len,
-    )?;
-    let vocab = state.engine.model_config().vocab_size;
-    controls::apply(&common, &state.tokenizer, vocab, &mut sampling)?;
+    let ask = sampling::Ask {
+        defaults: &agentd_runtime::SamplingParams::default(),
+        logprobs: logprobs.map(|k| (k, "logprobs")),
+        prompt_len: ids.len(),
+    };
+    let sampling = sampling::for_request(&state, &common, ask)?;
     let n = choices::count(common.n, 1)?;
     // vLLM: `generate-tokens-{X-Request-Id header, else the body's, else a uuid}`.
     let base = headers
