@@ -141,12 +141,8 @@ pub struct MetricsSnapshot {
     pub block_size: usize,
     /// Blocks per replica.
     pub num_gpu_blocks: usize,
-    /// Programs paused because blocks ran out while planning a step.
-    pub exhaustion_preemptions: u64,
     /// `(phase, state, count)` of live programs.
     pub programs: Vec<(&'static str, &'static str, usize)>,
-    /// Every pause, whatever its cause (vLLM's preemptions).
-    pub pauses: u64,
     pub restores: u64,
     pub recomputed_tokens: u64,
     /// Blocks copied to the host tier, and back, so far; host slots in use
@@ -165,8 +161,30 @@ pub struct MetricsSnapshot {
     /// (`agentd_scheduler::Park`; every choice, zeros included).
     pub parks: Vec<(&'static str, u64)>,
     /// Every pause by its cause (`agentd_scheduler::PauseCause`; zeros
-    /// included): they sum to `pauses`.
+    /// included), the one count of pauses: [`MetricsSnapshot::pauses`] and
+    /// [`MetricsSnapshot::exhaustion_preemptions`] are read from it.
     pub pause_causes: Vec<(&'static str, u64)>,
+}
+
+impl MetricsSnapshot {
+    /// Every pause, whatever its cause (vLLM's preemptions).
+    pub fn pauses(&self) -> u64 {
+        self.pause_causes.iter().map(|&(_, n)| n).sum()
+    }
+
+    /// Programs paused because blocks ran out while planning a step.
+    pub fn exhaustion_preemptions(&self) -> u64 {
+        self.pauses_by(PauseCause::Exhaustion)
+    }
+
+    /// Pauses of one cause.
+    pub fn pauses_by(&self, cause: PauseCause) -> u64 {
+        let name = cause.as_str();
+        self.pause_causes
+            .iter()
+            .find(|&&(k, _)| k == name)
+            .map_or(0, |&(_, n)| n)
+    }
 }
 
 impl Core {
@@ -219,9 +237,7 @@ impl Core {
             prefix_cache_hits: hits,
             block_size: self.cfg.block_size,
             num_gpu_blocks: self.cfg.num_blocks,
-            exhaustion_preemptions: pauses.of(PauseCause::Exhaustion),
             programs,
-            pauses: pauses.total(),
             restores: stats.restores,
             recomputed_tokens: self.replicas.stats().recomputed_tokens,
             kv_offloaded_blocks: offloaded,

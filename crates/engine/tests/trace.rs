@@ -284,7 +284,7 @@ fn a_multi_turn_programs_trace_shows_queue_admission_pauses_and_steps() {
     );
     // Pressure paused someone mid-request; that request shows the pause
     // with its cause, then the restore, then more steps, then its end.
-    assert!(m.pauses > 0 && m.restores > 0, "{m:?}");
+    assert!(m.pauses() > 0 && m.restores > 0, "{m:?}");
     let paused: Vec<usize> = requests
         .iter()
         .copied()

@@ -17,7 +17,11 @@ pub struct RunResult {
     pub ideal_hit_rate: f64,
     /// Tokens prefilled again although they had been computed before.
     pub recomputed_tokens: u64,
-    /// Programs paused by the thrashing test.
+    /// Programs paused by the scheduler's decisions: every
+    /// `agentd_scheduler::PauseCause` but `kv_exhausted`, which is
+    /// `preemptions` (the engine's `/metrics` counts both in
+    /// `agentd:program_pauses_total`, by cause in
+    /// `agentd:program_pauses_by_cause_total`).
     pub pauses: u64,
     /// Paused programs restored.
     pub restores: u64,
