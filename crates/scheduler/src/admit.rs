@@ -44,14 +44,18 @@
 //! at extreme oversubscription residency rotates with a period of about `T`
 //! instead of some programs waiting without bound.
 //!
+//! Who is paused, and in which order: `admit/victims.rs`.
+//!
 //! A group is never half-admitted while some replica could hold it whole: it
 //! waits (reserving, as above) for that room; only a group larger than any
 //! replica's λmin·C is admitted member by member.
 
-use crate::program::Program;
+mod victims;
+
 use crate::rotation::WaitBound;
-use crate::{Decision, Memory, PauseCause, Phase, Placement, ProgramId, ProgramScheduler, State};
+use crate::{Decision, Memory, Phase, Placement, ProgramId, ProgramScheduler, State};
 use tracing::debug;
+use victims::{Ask, Victims};
 
 /// Admissions per decision, so one step boundary never stalls on a long queue.
 const MAX_ADMITS_PER_STEP: usize = 64;
@@ -267,12 +271,12 @@ impl ProgramScheduler {
             return true;
         };
         let (mut need, own_survives) = self.unit_need(&unit, now, mem);
+        let overdue = self.overdue(p, now, room.wait.after_s);
+        let mut cold = self.cold_prefill(&unit, need, overdue, mem);
         // While its own blocks survive on its previous replica, a program
         // waits for room there: anywhere else it would recompute its whole
         // context, which costs more than the wait (recompute ∝ c²).
         let sticky = home.filter(|_| own_survives);
-        let overdue = self.overdue(p, now, room.wait.after_s);
-        let mut cold = self.cold_prefill(&unit, need, overdue, mem);
         let mut best = self.best_replica(need, sticky, mem, room, cold);
         if best.is_none()
             && cold.is_some()
@@ -293,25 +297,13 @@ impl ProgramScheduler {
         }
         let here = sticky.is_none_or(|h| h == l) && !room.reserved[l];
         if best.is_none() && here {
-            // Tool-waiting programs once it waited `idle_reclaim_after_s`
-            // with nothing running here (work conservation), then any
-            // resident one once it is overdue.
-            let waited = self.programs.get(&p).map_or(0.0, |q| now - q.waiting_since);
-            let idle = room.running[l] == 0 && waited >= self.cfg.idle_reclaim_after_s;
-            // One replica only (8 were unbalanced: `swap_for_waiting`).
-            let one = mem.num_replicas() == 1 && mem.host_capacity(l) > 0;
-            let swap = !idle && self.cfg.swap_for_waiting && one;
-            let victims = [
-                idle.then_some(Victims::Acting),
-                swap.then_some(Victims::ActingToTier),
-                overdue.then_some(Victims::Resident),
-            ];
             let ask = Ask {
                 l,
                 need,
                 unit: &unit,
                 victims: Victims::Acting,
             };
+            let victims = self.victims_for(&ask, overdue, now, mem, room);
             best = self.room_by_pausing(ask, victims, now, mem, room, out);
         }
         if best.is_none() && sticky.is_some() {
@@ -333,26 +325,6 @@ impl ProgramScheduler {
             self.admit_one(m, r, now, out);
         }
         true
-    }
-
-    /// No replica has room for a unit: pause others on `ask.l` for it,
-    /// trying each class of `victims` in turn.
-    fn room_by_pausing(
-        &mut self,
-        mut ask: Ask<'_>,
-        victims: [Option<Victims>; 3],
-        now: f64,
-        mem: &dyn Memory,
-        room: &mut Room,
-        out: &mut Decision,
-    ) -> Option<usize> {
-        for v in victims.into_iter().flatten() {
-            ask.victims = v;
-            if let Some(r) = self.make_room(&ask, now, mem, room, out) {
-                return Some(r);
-            }
-        }
-        None
     }
 
     fn admit_one(&mut self, p: ProgramId, r: usize, now: f64, out: &mut Decision) {
@@ -441,159 +413,4 @@ impl ProgramScheduler {
             None => false,
         }
     }
-
-    /// Pauses programs of `ask.l` (acting only, or any resident for at
-    /// least `max_wait_s`; pause order: acting first, shortest first) until
-    /// a unit needing `ask.need` blocks fits, or fits the emptied replica.
-    /// Pauses nothing and returns `None` when even pausing every eligible
-    /// program would not make room — nor when this decision already saw it
-    /// fail for a need no larger ([`Room::failed`]).
-    fn make_room(
-        &mut self,
-        ask: &Ask<'_>,
-        now: f64,
-        mem: &dyn Memory,
-        room: &mut Room,
-        out: &mut Decision,
-    ) -> Option<usize> {
-        if room.known_to_fail(ask.victims, ask.need) {
-            return None;
-        }
-        let grouped = ask
-            .unit
-            .first()
-            .and_then(|u| self.programs.get(u))
-            .is_some_and(|u| u.group.is_some());
-        let mut kept = Vec::new();
-        let chosen = self.choose_victims(ask, now, mem, room, out, &mut kept);
-        self.note_kept(&kept);
-        let Some((victims, freed)) = chosen else {
-            room.note_failed(ask.victims, ask.need, grouped);
-            return None;
-        };
-        let l = ask.l;
-        for q in victims {
-            debug!(replica = l, program = %q, need = ask.need, victims = ?ask.victims, "make room: pause");
-            if self
-                .programs
-                .get(&q)
-                .is_some_and(|x| x.running_on().is_some())
-            {
-                room.running[l] = room.running[l].saturating_sub(1);
-            }
-            self.mark_paused(q, now, mem);
-            let cause = match ask.victims {
-                Victims::Acting => PauseCause::WorkConserving,
-                Victims::ActingToTier => PauseCause::TierSwap,
-                Victims::Resident => PauseCause::Overdue,
-            };
-            out.pause.push((q, cause));
-        }
-        room.tentative[l] -= freed;
-        self.demand[l].0 -= freed;
-        room.empty[l] = self.active[l].is_empty();
-        // Room was freed: what failed before may fit now.
-        room.failed = [f64::INFINITY; 3];
-        Some(l)
-    }
-
-    /// The victims [`ProgramScheduler::make_room`] pauses — the shortest
-    /// prefix of the eligible programs' pause order that makes room — with
-    /// the blocks they free; `None` when no prefix does (or, under the
-    /// measured waiting bound, when the host tier would not keep what they
-    /// park). Acting programs cheaper to keep than to pause (`park.rs`)
-    /// are never victims: they are added to `kept`.
-    fn choose_victims(
-        &self,
-        ask: &Ask<'_>,
-        now: f64,
-        mem: &dyn Memory,
-        room: &mut Room,
-        out: &Decision,
-        kept: &mut Vec<ProgramId>,
-    ) -> Option<(Vec<ProgramId>, f64)> {
-        let (l, need) = (ask.l, ask.need);
-        let unit_group = ask
-            .unit
-            .first()
-            .and_then(|u| self.programs.get(u))
-            .and_then(|u| u.group);
-        let eligible = |q: &Program, id: ProgramId| {
-            let ok = match ask.victims {
-                Victims::Acting | Victims::ActingToTier => q.phase == Phase::Acting,
-                Victims::Resident => self.rotatable(q, now, room.wait),
-            };
-            let in_unit_group = unit_group.is_some_and(|g| q.group == Some(g));
-            ok && !in_unit_group && !out.pauses(id)
-        };
-        let order: Vec<(ProgramId, f64)> = self
-            .pause_order(l, now, mem)
-            .into_iter()
-            .filter(|&(q, _, _)| self.programs.get(&q).is_some_and(|x| eligible(x, q)))
-            .filter(|&(q, _, _)| {
-                let keep = self.keeps(l, q, now, mem);
-                if keep {
-                    kept.push(q);
-                }
-                !keep
-            })
-            .map(|(q, phase, held)| (q, self.freed_by_pausing(l, q, phase, held, now, mem)))
-            .collect();
-        if order.is_empty() {
-            return None;
-        }
-        let left = self.cfg.lambda_min * mem.capacity(l) as f64 - room.tentative[l];
-        let total: f64 = order.iter().map(|v| v.1).sum();
-        // Pausing every active program of `l` empties it, and an empty
-        // replica takes any unit its pool holds.
-        let empties = order.len() == self.active[l].len();
-        let reserve = self.cfg.decode_reserve_blocks as f64;
-        let fits_empty = empties && need - reserve <= mem.capacity(l) as f64;
-        if need > left + total && !fits_empty {
-            return None;
-        }
-        // The victims: a prefix of the pause order.
-        let (mut freed, mut k) = (0.0, 0);
-        while k < order.len() && need > left + freed {
-            freed += order[k].1;
-            k += 1;
-        }
-        let chosen = &order[..k];
-        let gated = match ask.victims {
-            Victims::Acting => false,
-            Victims::ActingToTier => true,
-            Victims::Resident => room.wait.gated,
-        };
-        if gated {
-            let parked = *room.parked[l].get_or_insert_with(|| self.parked_blocks(l, mem));
-            let parks = chosen.iter().map(|v| v.0);
-            if !self.tier_keeps(l, parked, parks, ask.unit, mem) {
-                return None;
-            }
-            room.parked[l] = None;
-        }
-        Some((chosen.iter().map(|v| v.0).collect(), freed))
-    }
-}
-
-/// What [`ProgramScheduler::make_room`] makes room for: a unit needing
-/// `need` blocks on replica `l`, by pausing `victims`.
-struct Ask<'a> {
-    l: usize,
-    need: f64,
-    unit: &'a [ProgramId],
-    victims: Victims,
-}
-
-/// Who [`ProgramScheduler::make_room`] may pause.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Victims {
-    /// Work conservation: tool-waiting programs only.
-    Acting = 0,
-    /// Swapping for a waiting program (`swap_for_waiting`): tool-waiting
-    /// programs, only while the host tier keeps what they park.
-    ActingToTier = 1,
-    /// Bounded waiting: programs resident for at least the bound
-    /// ([`ProgramScheduler::rotatable`]).
-    Resident = 2,
 }
