@@ -84,6 +84,11 @@ pub struct IterationRow {
     pub groups_finished: usize,
     pub group_makespan_p50_s: f64,
     pub group_makespan_max_s: f64,
+    /// Each sample's first answer (its first turn, sent to answered), over
+    /// the samples that got one: a burst's fairness (issue 32: the max
+    /// within 3× the median).
+    pub first_response_p50_s: f64,
+    pub first_response_max_s: f64,
     pub usage_hit_rate: Option<f64>,
     /// The server's `/metrics` deltas over the iteration (prefix hits and
     /// queries, preemptions, recomputed tokens, pauses, restores; agentd's
@@ -136,6 +141,12 @@ impl IterationRow {
                 .map(|g| (g.1 - g.0).max(0.0))
                 .collect(),
         );
+        let firsts = sorted(
+            programs
+                .iter()
+                .filter_map(|p| p.step_s.first().copied())
+                .collect(),
+        );
         let update_over_read = swap.as_ref().and_then(SwapTimes::update_over_read);
         IterationRow {
             target: target.to_string(),
@@ -157,6 +168,8 @@ impl IterationRow {
             groups_finished: makespans.len(),
             group_makespan_p50_s: percentile(&makespans, 0.5),
             group_makespan_max_s: percentile(&makespans, 1.0),
+            first_response_p50_s: percentile(&firsts, 0.5),
+            first_response_max_s: percentile(&firsts, 1.0),
             usage_hit_rate: (cached.len() == programs.len() && prompt_tokens > 0)
                 .then(|| cached.iter().sum::<usize>() as f64 / prompt_tokens as f64),
             counters: None,
@@ -224,6 +237,9 @@ mod tests {
         assert_eq!(r.steps, 12);
         assert_eq!(r.step_p50_s, 1.0);
         assert_eq!(r.step_p99_s, 8.0);
+        // First turns: 3, 4.5, 2, 8, 0, 3.
+        assert_eq!(r.first_response_p50_s, 3.0);
+        assert_eq!(r.first_response_max_s, 8.0);
         assert_eq!(r.usage_hit_rate, Some(0.4));
         assert_eq!(r.weight_version.as_deref(), Some("v1"));
         assert!(r.swap.is_none() && r.update_over_read.is_none());
