@@ -7,7 +7,7 @@
 mod common;
 
 use agentd_scheduler::{Decision, PauseCause, Policy, ProgramScheduler, SchedulerConfig};
-use common::{config, ids, pid, Engine, BS};
+use common::{back_from_the_tier, config, ids, pid, Engine, BS};
 
 type Eng = Engine<ProgramScheduler>;
 
@@ -73,15 +73,7 @@ fn an_overdue_program_rotates_out_an_acting_one_the_tier_keeps() {
     // Admitting 3 evicted part of 1's context: to the host tier.
     assert!(eng.kv(0).host_copies().0 > 0, "no offload");
     // 1's next turn is restored once 3 is overdue to leave, by copies.
-    eng.request(pid(1), BS);
-    eng.finish(pid(3));
-    eng.now += 2.0;
-    let d = eng.step(0);
-    assert_eq!(
-        (ids(&d.paused()), d.admit.clone()),
-        (vec![3], vec![(pid(1), 0)])
-    );
-    assert!(eng.kv(0).host_copies().1 > 0, "restored without onloads");
+    back_from_the_tier(&mut eng, 2.0);
     assert_eq!(eng.last_match[&pid(1)].cached_tokens, 44 * BS);
     eng.check_kv();
 }

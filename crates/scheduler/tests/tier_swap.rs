@@ -8,7 +8,7 @@
 mod common;
 
 use agentd_scheduler::{Decision, PauseCause, Policy, ProgramScheduler, SchedulerConfig};
-use common::{config, ids, pid, Engine, BS};
+use common::{back_from_the_tier, config, ids, pid, Engine, BS};
 
 type Eng = Engine<ProgramScheduler>;
 
@@ -51,17 +51,8 @@ fn a_waiting_program_swaps_an_acting_one_to_the_tier_at_once() {
     assert_eq!(eng.stats().pauses.of(PauseCause::Overdue), 0);
     // Admitting 3 evicted part of 1's context into the host tier.
     assert!(eng.kv(0).host_copies().0 > 0, "no offload");
-    // 1's next turn comes back the same way once 3 is acting: its blocks
-    // return by copies, not by prefill.
-    eng.request(pid(1), BS);
-    eng.finish(pid(3));
-    eng.now += 0.1;
-    let d = eng.step(0);
-    assert_eq!(
-        (ids(&d.paused()), d.admit.clone()),
-        (vec![3], vec![(pid(1), 0)])
-    );
-    assert!(eng.kv(0).host_copies().1 > 0, "no onload");
+    // 1's next turn comes back the same way once 3 is acting.
+    back_from_the_tier(&mut eng, 0.1);
     eng.check_kv();
 }
 

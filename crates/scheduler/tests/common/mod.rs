@@ -347,6 +347,21 @@ pub fn admit_all(eng: &mut Engine<ProgramScheduler>, r: usize, progs: &[(u64, us
     }
 }
 
+/// Program 1, paused for 3 and parked in the host tier, asks for its next
+/// turn; `dt` seconds after 3 finishes its own, replica 0 pauses 3 for 1
+/// and 1's blocks come back by copies from the tier, not by prefill.
+pub fn back_from_the_tier(eng: &mut Engine<ProgramScheduler>, dt: f64) {
+    eng.request(pid(1), BS);
+    eng.finish(pid(3));
+    eng.now += dt;
+    let d = eng.step(0);
+    assert_eq!(
+        (ids(&d.paused()), d.admit.clone()),
+        (vec![3], vec![(pid(1), 0)])
+    );
+    assert!(eng.kv(0).host_copies().1 > 0, "restored without onloads");
+}
+
 pub fn ids(v: &[agentd_scheduler::ProgramId]) -> Vec<u64> {
     v.iter().map(|p| p.0).collect()
 }
