@@ -15,8 +15,9 @@
 //! the replica's measured rate (`rates.rs`); a newcomer held back by it
 //! waits without holding blocks, and the next candidates are tried.
 //!
-//! A candidate is admitted together with the waiting members of its group
-//! (one *unit*, one replica, so the members share their prompt's blocks). A
+//! A candidate's first admission takes the waiting members of its group
+//! with it (one *unit*, one replica, so the members share their prompt's
+//! blocks); a member admitted before is restored alone (`unit`). A
 //! unit goes where `D + need ≤ λmin·C` (most room, or best fit), on its
 //! previous replica while its own blocks survive there. When it fits nowhere:
 //! * **work conservation** — if `l` runs nothing, acting programs of `l`
@@ -213,8 +214,21 @@ impl ProgramScheduler {
 
     /// `p` and the other waiting members of its group, `p` first; `None`
     /// while an announced group still gathers its members.
+    ///
+    /// Only a group's first admission is one unit (its shared prompt
+    /// computed once); a member admitted before is restored alone. Restored
+    /// together, a group whose members' next requests queued at once became
+    /// one unit of ~88k tokens that pausing tool-waiting programs could not
+    /// make room for while single programs took every block freed: whole
+    /// groups waited 60-120 s for their next turn. `agentd simulate swe
+    /// --concurrency 128 --group-size 8 --host-kv-tokens 3460000`: p99 per
+    /// turn 158.8 -> 37.4 s, slowest group 1218 -> 799 s, 327.8 -> 329.8
+    /// steps/min (the request policy: 35.2 s, 815 s, 331.6).
     fn unit(&self, p: ProgramId, now: f64, after_s: f64) -> Option<Vec<ProgramId>> {
-        let Some(g) = self.programs.get(&p).and_then(|q| q.group) else {
+        let Some(q) = self.programs.get(&p) else {
+            return Some(vec![p]);
+        };
+        let Some(g) = q.group.filter(|_| !q.admitted_once) else {
             return Some(vec![p]);
         };
         if self.groups.gathering(g, now, self.cfg.group_gather_s) && !self.overdue(p, now, after_s)
@@ -223,13 +237,12 @@ impl ProgramScheduler {
         }
         let mut unit = vec![p];
         if let Some(group) = self.groups.get(g) {
-            unit.extend(
-                group
-                    .members
-                    .iter()
-                    .copied()
-                    .filter(|m| *m != p && self.queue.contains(*m)),
-            );
+            let first_admission = |m: &ProgramId| {
+                *m != p
+                    && self.queue.contains(*m)
+                    && self.programs.get(m).is_some_and(|q| !q.admitted_once)
+            };
+            unit.extend(group.members.iter().copied().filter(first_admission));
         }
         Some(unit)
     }

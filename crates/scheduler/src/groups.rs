@@ -2,11 +2,14 @@
 //! the `n` choices of one request (docs/design.md §2,
 //! §5 rule 13).
 //!
-//! A group's members share their prompt's blocks; they are admitted and
-//! restored together, on one replica, and never half-admitted while the pool
-//! has room for the whole group: a group is done only when its slowest member
+//! A group's members share their prompt's blocks; they are first admitted
+//! together, on one replica, and never half-admitted while the pool has
+//! room for the whole group: a group is done only when its slowest member
 //! is, so a member left waiting holds up the others' rewards (the reference
-//! system's burst issue hurt GRPO groups most).
+//! system's burst issue hurt GRPO groups most). Later turns are restored
+//! member by member: restored as one unit, a group whose members queued at
+//! once waited for room no single pause frees, and the slowest group took
+//! 1.5x as long (`admit.rs`, `unit`).
 
 use std::collections::{BTreeSet, HashMap};
 

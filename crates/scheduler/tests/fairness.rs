@@ -61,6 +61,44 @@ fn a_group_is_never_half_admitted() {
     eng.check_kv();
 }
 
+/// Only a group's first admission is one unit: a member admitted before is
+/// restored alone, so a group whose next requests queue together does not
+/// wait for room for all of them at once (`admit.rs`, `unit`).
+#[test]
+fn a_group_member_is_restored_alone() {
+    let mut eng = Engine::program(config(0.9, 1.0), 1, 100);
+    request_group(&mut eng, 10, 4);
+    assert_eq!(eng.step(0).admit.len(), 4);
+    eng.run_batch(0, 1000);
+    eng.run_batch(0, 1000);
+    for m in 10..14 {
+        eng.finish(pid(m));
+    }
+    // Program 1 needs 81 blocks: the replica runs nothing, so the acting
+    // members are paused for it (work conservation); then it ends.
+    eng.now = 1.0;
+    eng.request(pid(1), 80 * BS);
+    let d = eng.step(0);
+    assert_eq!(ids(&d.paused()), vec![10, 11, 12, 13]);
+    assert_eq!(d.admit, vec![(pid(1), 0)]);
+    eng.finish(pid(1));
+    eng.terminate(pid(1));
+    // Program 2 leaves room for one member's restore, not two.
+    eng.now = 2.0;
+    eng.request(pid(2), 75 * BS);
+    assert_eq!(eng.step(0).admit, vec![(pid(2), 0)]);
+    eng.now = 3.0;
+    eng.request(pid(10), BS);
+    eng.request(pid(11), BS);
+    // Both next requests queue in one step. As one unit (the 8 shared
+    // blocks; each member's 2 own, 1 new and 1 reserved) they would not
+    // fit; the first is restored alone, the second waits for room.
+    let d = eng.step(0);
+    assert_eq!(d.admit, vec![(pid(10), 0)], "{d:?}");
+    assert_eq!(eng.policy.num_waiting(), 1);
+    eng.check_kv();
+}
+
 /// An announced group waits for its members (at most `group_gather_s`) so
 /// its first arrivals are not admitted alone, even on an empty pool.
 #[test]
