@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ABBA run of grpo-burst.md's "Restores member by member": AGENTD_BEFORE
 # and AGENTD_AFTER are release builds of 78bf3cd and of the change, OUT a
-# scratch folder; then plot.py draws the figure from the JSON.
+# scratch folder; then `plot.py old1.json new1.json new2.json old2.json req1.json |
+# benches/lib/bars.py` draws the figure.
 set -u
 S=$(dirname "$0")/../arm.sh
 export OUT=${OUT:-.}
