@@ -30,7 +30,7 @@ use crate::responses::store::ResponseStore;
 use crate::routes;
 use crate::routes::sglang::control as sgl;
 use crate::routes::sglang::memory as sgl_mem;
-use crate::tenant::ApiKeys;
+use crate::tenant::{ApiKeys, ProgramKey};
 use crate::tombstone::Tombstones;
 
 /// `model_type` of `dir/config.json`; empty when unreadable (the model
@@ -233,15 +233,19 @@ impl AppState {
     /// Declares a request's `tool_resources` for its program. Called before
     /// the request reaches the engine, so that its end (a `final` request
     /// may finish at once) always comes after the declaration.
-    pub fn declare_tools(&self, program: &ProgramRef) -> Result<(), ApiError> {
-        let (Some(id), Some(spec)) = (&program.program, &program.tool_resources) else {
+    pub fn declare_tools(
+        &self,
+        key: Option<&ProgramKey>,
+        program: &ProgramRef,
+    ) -> Result<(), ApiError> {
+        let (Some(key), Some(spec)) = (key, &program.tool_resources) else {
             return Ok(());
         };
         let declared = self
             .tools
-            .declare(id, spec)
+            .declare(key.as_str(), spec)
             .map_err(|e| ApiError::tools("tool_resources", e))?;
-        tracing::info!(program = %id, resources = declared.len(), "tool resources declared with a request");
+        tracing::info!(program = %key, resources = declared.len(), "tool resources declared with a request");
         Ok(())
     }
 

@@ -19,7 +19,7 @@ use crate::program_id::ProgramRef;
 use crate::protocol::{unix_now, UsageInfo};
 use crate::sampling::Sampling;
 use crate::sse;
-use crate::tenant::Caller;
+use crate::tenant::{Caller, ProgramKey};
 
 /// Most choices one request may ask for (prompts × n).
 pub const MAX_CHOICES: usize = 64;
@@ -104,19 +104,17 @@ pub fn submit(
     logprobs: bool,
 ) -> Result<Vec<Choice>, ApiError> {
     // The engine and the tool side know the program under its tenant's key.
-    let mut program = program.clone();
-    program.program = program.program.map(|id| Caller::current().program_key(&id));
-    let program = &program;
-    let released = program
+    let key = program
         .program
-        .as_ref()
-        .is_some_and(|id| state.released.take(id));
+        .as_deref()
+        .map(|id| Caller::current().program_key(id));
+    let released = key.as_ref().is_some_and(|k| state.released.take(k));
     if released {
-        tracing::info!(program = ?program.program, "released before its first request: this request is its last");
+        tracing::info!(program = ?key, "released before its first request: this request is its last");
     }
     // Before the engine sees the request: a `final` request may end the
     // program (and so reclaim its resources) as soon as it is submitted.
-    state.declare_tools(program)?;
+    state.declare_tools(key.as_ref(), program)?;
     let cache_salt = Caller::current().prefix_salt(program.cache_salt.as_deref());
     let tenant = Caller::current().tenant_key();
     let mut out = Vec::with_capacity(prompts.len() * n);
@@ -134,7 +132,7 @@ pub fn submit(
             if j > 0 {
                 params.prompt_logprobs = None;
             }
-            let engine_program = if first { program.program.clone() } else { None };
+            let engine_program = key.as_ref().filter(|_| first).map(|k| k.to_string());
             let span = agentd_engine::request_span(
                 request_id.map(String::as_str),
                 engine_program.as_deref(),
@@ -179,7 +177,7 @@ fn group_of(program: &ProgramRef, n: usize) -> Option<GroupTag> {
     static IMPLICIT: AtomicU64 = AtomicU64::new(0);
     match &program.group {
         Some(g) => Some(GroupTag {
-            name: Caller::current().program_key(&format!("group:{g}")),
+            name: Caller::current().group_key(g),
             size: program.group_size,
         }),
         None if n > 1 => Some(GroupTag {
@@ -196,7 +194,7 @@ fn group_of(program: &ProgramRef, n: usize) -> Option<GroupTag> {
 #[derive(Clone)]
 pub struct ToolNote {
     engine: agentd_engine::Engine,
-    program: String,
+    program: ProgramKey,
 }
 
 impl ToolNote {
@@ -215,7 +213,7 @@ impl ToolNote {
     /// The turn returned a call of `tool` (the first, when several). Call
     /// once the request finished: the program is acting from then on.
     pub fn note(&self, tool: &str) {
-        if !self.engine.note_tool(&self.program, tool) {
+        if !self.engine.note_tool(self.program.as_str(), tool) {
             tracing::debug!(program = %self.program, tool, "tool of an ended program not noted");
         }
     }

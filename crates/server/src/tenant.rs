@@ -66,6 +66,32 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A program as the engine and the tool side know it: the client's id in
+/// its tenant's namespace (`k<N>/<id>` with several tenants, the id itself
+/// with one), made only by [`Caller::program_key`], so a client's raw id
+/// can never reach the engine or the tool registry in its place. The
+/// engine names the program's record by it (and mints the numeric
+/// `ProgramId` of each of its lives from it); the tool registry and the
+/// environments key by it, so a program's tools outlive its record's end
+/// and stay visible under the same name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProgramKey(String);
+
+impl ProgramKey {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for ProgramKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The tenant of a request: `None` when there is only one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Caller {
@@ -100,8 +126,19 @@ impl Caller {
         self.tenant.map(|t| format!("k{t}"))
     }
 
-    /// The id the engine and the tool side know the client's `id` by.
-    pub fn program_key(&self, id: &str) -> String {
+    /// The key the engine and the tool side know the client's program
+    /// `id` by: minted here, at the server's edge, and nowhere else.
+    pub fn program_key(&self, id: &str) -> ProgramKey {
+        ProgramKey(self.scoped(id))
+    }
+
+    /// The tenant-scoped name of the client's rollout group `id` (groups
+    /// and programs are separate namespaces).
+    pub fn group_key(&self, id: &str) -> String {
+        self.scoped(&format!("group:{id}"))
+    }
+
+    fn scoped(&self, id: &str) -> String {
         match self.tenant {
             None => id.to_string(),
             Some(t) => format!("k{t}/{id}"),
@@ -157,7 +194,8 @@ mod tests {
         let keys = ApiKeys::new(["a".to_string()]);
         let c = keys.caller("a").unwrap();
         assert_eq!(c, Caller::default());
-        assert_eq!(c.program_key("p"), "p");
+        assert_eq!(c.program_key("p").as_str(), "p");
+        assert_eq!(c.group_key("g"), "group:g");
         assert!(keys.caller("b").is_none());
         assert!(ApiKeys::new([]).is_open());
     }
@@ -169,13 +207,15 @@ mod tests {
         let (a, b) = (keys.caller("a").unwrap(), keys.caller("b").unwrap());
         let pa = a.program_key("p");
         assert_ne!(pa, b.program_key("p"));
-        assert_eq!(a.own(&pa), Some("p"));
-        assert_eq!(b.own(&pa), None);
+        assert_eq!(pa.as_str(), "k0/p");
+        assert_eq!(a.own(pa.as_str()), Some("p"));
+        assert_eq!(b.own(pa.as_str()), None);
+        assert_eq!(a.group_key("g"), "k0/group:g");
         // Ids that look like another tenant's namespace stay in one's own.
-        assert_eq!(b.own(&b.program_key("k0/p")), Some("k0/p"));
+        assert_eq!(b.own(b.program_key("k0/p").as_str()), Some("k0/p"));
         let k11 = ApiKeys::new((0..12).map(|i| format!("key{i}")));
         let (c1, c11) = (k11.caller("key1").unwrap(), k11.caller("key11").unwrap());
-        assert_eq!(c1.own(&c11.program_key("p")), None);
+        assert_eq!(c1.own(c11.program_key("p").as_str()), None);
         assert_ne!(a.cache_salt(), b.cache_salt());
         assert_eq!(a.prefix_salt(None), a.cache_salt());
         assert_ne!(a.prefix_salt(Some("x")), b.prefix_salt(Some("x")));

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::tenant::ProgramKey;
+
 /// Long enough to cover a request racing its release (milliseconds apart,
 /// seconds behind a queueing proxy), short enough that a client reusing the
 /// id for a new program soon after a mistaken release is not surprised.
@@ -20,12 +22,12 @@ const MAX_TOMBSTONES: usize = 65_536;
 
 #[derive(Default)]
 pub struct Tombstones {
-    released: Mutex<HashMap<String, Instant>>,
+    released: Mutex<HashMap<ProgramKey, Instant>>,
 }
 
 impl Tombstones {
-    /// Remembers a release of `id`, which is not (yet) a program.
-    pub fn remember(&self, id: &str) {
+    /// Remembers a release of `key`, which is not (yet) a program.
+    pub fn remember(&self, key: &ProgramKey) {
         let now = Instant::now();
         let mut map = self.released.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_TOMBSTONES {
@@ -38,14 +40,14 @@ impl Tombstones {
             );
             return;
         }
-        map.insert(id.to_string(), now);
+        map.insert(key.clone(), now);
     }
 
-    /// Whether `id` was released (while unknown) within the TTL; the
+    /// Whether `key` was released (while unknown) within the TTL; the
     /// tombstone is consumed, so only the racing request is affected.
-    pub fn take(&self, id: &str) -> bool {
+    pub fn take(&self, key: &ProgramKey) -> bool {
         let mut map = self.released.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(id)
+        map.remove(key)
             .is_some_and(|at| at.elapsed() < TOMBSTONE_TTL)
     }
 }
@@ -53,13 +55,15 @@ impl Tombstones {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenant::Caller;
 
     #[test]
     fn a_release_is_remembered_once() {
         let t = Tombstones::default();
-        assert!(!t.take("p"));
-        t.remember("p");
-        assert!(t.take("p"));
-        assert!(!t.take("p"), "consumed by the first request");
+        let p = Caller::default().program_key("p");
+        assert!(!t.take(&p));
+        t.remember(&p);
+        assert!(t.take(&p));
+        assert!(!t.take(&p), "consumed by the first request");
     }
 }

@@ -29,7 +29,7 @@ use crate::program_id::{self, ProgramRef};
 use crate::protocol::UsageInfo;
 use crate::sampling;
 use crate::structured;
-use crate::tenant::Caller;
+use crate::tenant::{Caller, ProgramKey};
 use agentd_runtime::sampling::Constraint;
 
 /// A response submitted to the engine, not yet generated.
@@ -263,9 +263,9 @@ fn render(
 }
 
 /// Releases the programs (engine keys) of chains that left the store.
-pub fn release_all(state: &SharedState, programs: Vec<String>) {
+pub fn release_all(state: &SharedState, programs: Vec<ProgramKey>) {
     for p in programs {
-        if state.engine.release(&p) {
+        if state.engine.release(p.as_str()) {
             tracing::info!(program = %p, "response chain ended: program released");
         }
     }

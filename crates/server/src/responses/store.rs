@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 
 use super::continuation::Turn;
 use super::protocol::ResponseObject;
-use crate::tenant::Caller;
+use crate::tenant::{Caller, ProgramKey};
 
 /// Default most responses kept: at ~10 KB of history each, ~40 MB.
 pub const DEFAULT_MAX_RESPONSES: usize = 4096;
@@ -44,7 +44,7 @@ pub struct Stored {
 
 impl Stored {
     /// The engine's key of its chain's program.
-    fn program_key(&self) -> String {
+    fn program_key(&self) -> ProgramKey {
         self.owner.program_key(&self.object.program_id)
     }
 }
@@ -60,7 +60,7 @@ struct Inner {
     /// Ids in insertion order (oldest first); may hold deleted ids.
     order: VecDeque<String>,
     /// Stored responses per program (engine keys).
-    programs: HashMap<String, usize>,
+    programs: HashMap<ProgramKey, usize>,
     /// Responses being generated, their owner and what wakes them to cancel.
     running: HashMap<String, (Caller, Arc<Notify>)>,
 }
@@ -92,7 +92,7 @@ impl ResponseStore {
 
     /// Stores (or updates) a response; returns the programs that ended
     /// because older responses were evicted, for the caller to release.
-    pub fn put(&self, stored: Stored) -> Vec<String> {
+    pub fn put(&self, stored: Stored) -> Vec<ProgramKey> {
         let mut inner = self.lock();
         let id = stored.object.id.clone();
         if let Some(e) = inner.entries.get_mut(&id) {
@@ -108,7 +108,7 @@ impl ResponseStore {
 
     /// A live stored response of `caller`, and programs (engine keys) that
     /// ended by expiry.
-    pub fn get(&self, id: &str, caller: Caller) -> (Option<Stored>, Vec<String>) {
+    pub fn get(&self, id: &str, caller: Caller) -> (Option<Stored>, Vec<ProgramKey>) {
         let mut inner = self.lock();
         let ended = self.evict(&mut inner);
         let found = inner.entries.get(id).filter(|e| e.stored.owner == caller);
@@ -118,7 +118,7 @@ impl ResponseStore {
     /// Deletes a response of `caller`; `None` if unknown (or another
     /// tenant's). The program's engine key is returned when this was its
     /// last stored response.
-    pub fn remove(&self, id: &str, caller: Caller) -> Option<(Stored, Option<String>)> {
+    pub fn remove(&self, id: &str, caller: Caller) -> Option<(Stored, Option<ProgramKey>)> {
         let mut inner = self.lock();
         if inner.entries.get(id)?.stored.owner != caller {
             return None;
@@ -128,7 +128,7 @@ impl ResponseStore {
         Some((e.stored, ended))
     }
 
-    fn evict(&self, inner: &mut Inner) -> Vec<String> {
+    fn evict(&self, inner: &mut Inner) -> Vec<ProgramKey> {
         let now = Instant::now();
         let mut ended = Vec::new();
         while let Some(id) = inner.order.front().cloned() {
@@ -176,14 +176,14 @@ impl ResponseStore {
 }
 
 /// One stored response of `program` fewer; the program when none is left.
-fn unref(inner: &mut Inner, program: &str) -> Option<String> {
+fn unref(inner: &mut Inner, program: &ProgramKey) -> Option<ProgramKey> {
     let n = inner.programs.get_mut(program)?;
     *n = n.saturating_sub(1);
     if *n > 0 {
         return None;
     }
     inner.programs.remove(program);
-    Some(program.to_string())
+    Some(program.clone())
 }
 
 #[cfg(test)]
@@ -229,13 +229,11 @@ mod tests {
         assert!(s.put(stored("c", "q")).is_empty());
         assert!(s.get("a", Caller::default()).0.is_none());
         // "b" goes, and with it the last response of "p".
-        assert_eq!(s.put(stored("d", "q")), vec!["p".to_string()]);
+        let key = |id| Caller::default().program_key(id);
+        assert_eq!(s.put(stored("d", "q")), vec![key("p")]);
         let (_, ended) = s.remove("c", Caller::default()).unwrap();
         assert_eq!(ended, None);
-        assert_eq!(
-            s.remove("d", Caller::default()).unwrap().1.as_deref(),
-            Some("q")
-        );
+        assert_eq!(s.remove("d", Caller::default()).unwrap().1, Some(key("q")));
         assert!(s.remove("d", Caller::default()).is_none());
     }
 
@@ -247,7 +245,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         let (got, ended) = s.get("a", Caller::default());
         assert!(got.is_none());
-        assert_eq!(ended, vec!["p".to_string()]);
+        assert_eq!(ended, vec![Caller::default().program_key("p")]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use agentd_engine::ProgramStatus;
 use crate::app::{parse_json, SharedState};
 use crate::error::ApiError;
 use crate::protocol::ReleaseRequest;
-use crate::tenant::Caller;
+use crate::tenant::{Caller, ProgramKey};
 
 /// The caller's programs, under the ids the caller gave them.
 pub async fn list(State(state): State<SharedState>) -> Json<Vec<ProgramStatus>> {
@@ -54,17 +54,17 @@ pub async fn release(
 /// for a program that never ran, or whose engine side already ended).
 /// False when neither has it live. Shared by `/programs/release` and
 /// vLLM's `/finish_session`.
-pub(crate) fn end(state: &SharedState, key: &str) -> bool {
-    if state.engine.release(key) {
+pub(crate) fn end(state: &SharedState, key: &ProgramKey) -> bool {
+    if state.engine.release(key.as_str()) {
         return true;
     }
     let live = state
         .tools
         .registry
-        .program(key)
+        .program(key.as_str())
         .is_some_and(|p| p.ended.is_none());
     if live {
-        let n = state.tools.program_ended(key, "released");
+        let n = state.tools.program_ended(key.as_str(), "released");
         tracing::info!(program = %key, reclaiming = n, "program known only to the tool registry released");
     }
     live

@@ -34,13 +34,13 @@ pub async fn declare(
     let spec = ToolResources::from_json(&v).map_err(|e| ApiError::tools("tool_resources", e))?;
     let declared = state
         .tools
-        .declare(&key, &spec)
+        .declare(key.as_str(), &spec)
         .map_err(|e| ApiError::tools("tool_resources", e))?;
     tracing::info!(program = %key, resources = declared.len(), "tool resources declared");
     Ok(Json(json!({
         "program_id": id,
         "declared": declared.len(),
-        "tool_resources": state.tools.registry.program(&key),
+        "tool_resources": state.tools.registry.program(key.as_str()),
     })))
 }
 
@@ -51,18 +51,17 @@ pub async fn program(
 ) -> Result<Json<Value>, ApiError> {
     program_id::check(&id)?;
     let key = Caller::current().program_key(&id);
-    let engine =
-        state
-            .engine
-            .snapshot()
-            .await
-            .program(&key)
-            .map(|p| agentd_engine::ProgramStatus {
-                id: id.clone(),
-                ..p.clone()
-            });
-    let tools = state.tools.registry.program(&key);
-    let env = state.tools.environments.status(&key).map(|mut s| {
+    let engine = state
+        .engine
+        .snapshot()
+        .await
+        .program(key.as_str())
+        .map(|p| agentd_engine::ProgramStatus {
+            id: id.clone(),
+            ..p.clone()
+        });
+    let tools = state.tools.registry.program(key.as_str());
+    let env = state.tools.environments.status(key.as_str()).map(|mut s| {
         s.program_id.clone_from(&id);
         s
     });
@@ -95,7 +94,7 @@ pub async fn prepare(
     let mut status = state
         .tools
         .environments
-        .start(&key, spec)
+        .start(key.as_str(), spec)
         .map_err(|e| ApiError::tools("environment", e))?;
     status.program_id = id;
     Ok((StatusCode::ACCEPTED, Json(status)).into_response())
@@ -130,9 +129,9 @@ pub async fn environment(
     let key = Caller::current().program_key(&id);
     let envs = &state.tools.environments;
     let status = if wait > 0.0 {
-        envs.wait(&key, Duration::from_secs_f64(wait)).await
+        envs.wait(key.as_str(), Duration::from_secs_f64(wait)).await
     } else {
-        envs.status(&key)
+        envs.status(key.as_str())
     };
     match status {
         Some(mut s) => {
