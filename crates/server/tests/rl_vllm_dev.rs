@@ -3,8 +3,9 @@
 //! in vLLM's three modes with a request in flight, `/resume`,
 //! `/is_paused`, `/sleep` at levels 1 and 2 and `/wake_up` by tags (the
 //! same greedy tokens after), `/is_sleeping`, `/reset_prefix_cache`,
-//! `/get_world_size`, `/weight_info`, `/abort_requests`, and clear 400s
-//! for bad queries. Each
+//! `/get_world_size`, `/weight_info`, `/abort_requests`, `/collective_rpc`'s
+//! `reload_weights` (its own directory or a second checkpoint), and clear
+//! 400s for bad queries. Each
 //! test has its own server: a pause stops every request of its engine.
 
 mod common;
@@ -13,7 +14,10 @@ use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{get, output_ids, post, request, start, start_dev};
+use common::{
+    get, output_ids, post, request, second_checkpoint, start, start_dev, start_dir, test_config,
+    MODEL,
+};
 use serde_json::{json, Value};
 
 fn body(rid: &str, max_new_tokens: u64) -> Value {
@@ -236,4 +240,84 @@ fn sleep_and_wake_up_by_level_and_tags() {
         output_ids(&post(addr, "/generate", &body("end", 40)).json()),
         want
     );
+}
+
+/// vLLM's `/collective_rpc` with `reload_weights`, the call of its
+/// sleep-mode recipe and of RL scripts: without a path it reloads the
+/// weights' own directory (same output); with `weights_path` the second
+/// checkpoint serves (greedy output equal to a server started on it, no
+/// block of the old weights hit). Other methods and bad bodies are 400
+/// JSON with the old weights serving; without dev mode the route is absent.
+#[test]
+fn collective_rpc_reload_weights() {
+    let second = second_checkpoint();
+    let addr = start_dev();
+    let greedy = |addr| {
+        let body = json!({"prompt": "The history of the world in one long sentence",
+            "max_tokens": 8, "temperature": 0, "logprobs": 1});
+        let r = post(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    // The text and its logprobs (the tiny checkpoints may agree on text).
+    let text = |v: &Value| {
+        let c = &v["choices"][0];
+        (c["text"].clone(), c["logprobs"]["token_logprobs"].clone())
+    };
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let before = text(&greedy(addr));
+    let want = text(&greedy(start_dir(&second, MODEL, None, test_config())));
+    assert_ne!(before, want, "the checkpoints differ");
+    let bad = [
+        json!({}),
+        json!({"method": 3}),
+        json!({"method": "update_weights_disk", "kwargs": {"update_info": {"path": "/x"}}}),
+        json!({"method": "reload_weights", "args": ["/x"]}),
+        json!({"method": "reload_weights", "kwargs": "x"}),
+        json!({"method": "reload_weights", "timeout": "soon"}),
+        json!({"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent/ckpt"}}),
+        json!({"method": "reload_weights", "kwargs": {"is_checkpoint_format": false}}),
+        json!({"method": "reload_weights", "kwargs": {"weights_iterator": []}}),
+        json!(["reload_weights"]),
+    ];
+    for body in bad {
+        let r = post(addr, "/collective_rpc", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.json()["error"]["message"].is_string(), "{}", r.body);
+        assert_eq!(
+            text(&greedy(addr)),
+            before,
+            "old weights serve after {body}"
+        );
+    }
+    let r = post(
+        addr,
+        "/collective_rpc",
+        &json!({"method": "reload_weights"}),
+    );
+    assert_eq!(
+        (r.status, r.json()),
+        (200, json!({"results": [null]})),
+        "{}",
+        r.body
+    );
+    assert_eq!(text(&greedy(addr)), before, "its own weights, reloaded");
+    let body =
+        json!({"method": "reload_weights", "kwargs": {"weights_path": second}, "timeout": 60});
+    let r = post(addr, "/collective_rpc", &body);
+    assert_eq!(
+        (r.status, r.json()),
+        (200, json!({"results": [null]})),
+        "{}",
+        r.body
+    );
+    let after = greedy(addr);
+    assert_eq!(text(&after), want, "the second checkpoint's output");
+    assert_eq!(cached(&after), Some(0), "no block of the old weights hit");
+    let r = post(
+        start(None),
+        "/collective_rpc",
+        &json!({"method": "reload_weights"}),
+    );
+    assert_eq!(r.status, 404, "dev mode only: {}", r.body);
 }

@@ -9,5 +9,6 @@ pub mod sglang;
 pub mod tokenize;
 pub mod tools;
 pub mod vllm_dev;
+pub mod vllm_rpc;
 pub mod vllm_tokens;
 pub mod vllm_weights;

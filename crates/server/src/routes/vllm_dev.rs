@@ -50,6 +50,7 @@ pub fn router() -> Router<SharedState> {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/get_world_size", get(get_world_size))
         .route("/weight_info", get(weight_info))
+        .route("/collective_rpc", post(super::vllm_rpc::collective_rpc))
         .merge(super::vllm_weights::router())
 }
 
