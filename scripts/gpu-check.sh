@@ -4,10 +4,11 @@
 # .gpu/). The GPU machine needs no Rust, nvcc or registry: only the NVIDIA
 # driver and cuBLAS (found in the CUDA toolkit or in Python's nvidia-* wheels).
 #
-#   scripts/gpu-check.sh [--skip-kernels] [--skip-golden] [--skip-timing]
+#   scripts/gpu-check.sh [--skip-kernels] [--skip-sampling] [--skip-golden] [--skip-timing]
 #                        [--batches 1,32,128] [--context 1024]
 #
-# Prints each kernel check, the golden-model comparison and the decode timing
+# Prints each kernel check, the device sampler against its reference (and its
+# time against the logits download), the golden-model comparison and the decode timing
 # table; exits non-zero when a check fails. With $OUT set, the log goes there.
 set -uo pipefail
 BIN=${AGENTD_GPU_CHECK:-.gpu/agentd-gpu-check}

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: [&str; 3] = ["layers", "cache", "attention"];
+const KERNELS: [&str; 4] = ["layers", "cache", "attention", "sample"];
 const DEFAULT_GENCODE: [&str; 3] = [
     "arch=compute_90a,code=sm_90a",
     "arch=compute_120,code=sm_120",

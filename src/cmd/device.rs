@@ -18,6 +18,7 @@ pub fn start_cuda(
     mut cfg: EngineConfig,
     dtype: LoadDtype,
     kv: &mut KvPlan,
+    device_sampling: bool,
 ) -> Result<Engine> {
     use std::sync::Arc;
 
@@ -79,11 +80,8 @@ pub fn start_cuda(
     }
     let mut runners: Vec<Box<dyn StepRunner>> = Vec::with_capacity(cfg.replicas);
     for model in models {
-        runners.push(Box::new(GpuRunner::new(
-            model,
-            cfg.num_blocks,
-            cfg.block_size,
-        )?));
+        let runner = GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?;
+        runners.push(Box::new(runner.with_device_sampling(device_sampling)));
     }
     Ok(Engine::with_runners(mc, runners, cfg)?)
 }
@@ -130,6 +128,7 @@ pub fn start_cuda(
     _cfg: EngineConfig,
     _dtype: LoadDtype,
     _kv: &mut KvPlan,
+    _device_sampling: bool,
 ) -> Result<Engine> {
     anyhow::bail!(
         "this agentd was built without CUDA: rebuild with `cargo build --release --features cuda` \

@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// replica; needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
+    /// CUDA: draw each token on the GPU (temperature, top-k/top-p/min-p,
+    /// penalties, token controls, grammar masks), so logits never leave the
+    /// device. Off until an H200 run has checked it (kernels/NOTES.md).
+    #[arg(long)]
+    pub device_sampling: bool,
     #[command(flatten)]
     pub dtype: super::dtype::DtypeArg,
     /// Tool-call output format by vLLM's parser name (default: the model
@@ -318,8 +323,13 @@ fn start_engine(
     kv: &mut KvPlan,
 ) -> Result<Engine> {
     if args.device == "cuda" {
-        return super::device::start_cuda(model_dir, cfg, args.dtype.dtype, kv);
+        let dtype = args.dtype.dtype;
+        return super::device::start_cuda(model_dir, cfg, dtype, kv, args.device_sampling);
     }
+    anyhow::ensure!(
+        !args.device_sampling,
+        "--device-sampling needs --device cuda (on the CPU the logits are already where the sampler is)"
+    );
     let dtype = args.dtype.dtype;
     tracing::info!(dir = %model_dir.display(), %dtype, "loading model");
     let mut bar = None;

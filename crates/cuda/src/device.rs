@@ -17,7 +17,7 @@ use crate::error::{CudaError, Result};
 use crate::plan::{Dtype, MAX_SMEM_BYTES};
 
 /// The fat binaries build.rs compiled from `kernels/`.
-const MODULES: [(&str, &[u8]); 3] = [
+const MODULES: [(&str, &[u8]); 4] = [
     (
         "layers",
         include_bytes!(concat!(env!("OUT_DIR"), "/layers.fatbin")),
@@ -29,6 +29,10 @@ const MODULES: [(&str, &[u8]); 3] = [
     (
         "attention",
         include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin")),
+    ),
+    (
+        "sample",
+        include_bytes!(concat!(env!("OUT_DIR"), "/sample.fatbin")),
     ),
 ];
 
@@ -53,6 +57,7 @@ fn entry_points(module: &str) -> Vec<String> {
             v.push("copy_blocks".into());
             v
         }
+        "sample" => vec!["sample_rows".into()],
         _ => {
             let mut v = typed(&["paged_decode_reduce"]);
             for t in ["bf16", "f16"] {

@@ -50,6 +50,13 @@ pub struct DeviceLogits {
     pub rows: usize,
 }
 
+impl DeviceLogits {
+    /// The device address of the first row.
+    pub fn logits_ptr(&self, gpu: &Gpu) -> u64 {
+        gpu.ptr(&self.logits, 0)
+    }
+}
+
 impl GpuQwen3 {
     /// One step: writes the new tokens' K/V through the slot mapping and
     /// returns f32 logits `[batch.logits_indices.len() * vocab]`, row-major.

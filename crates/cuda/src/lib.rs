@@ -6,6 +6,8 @@
 //!
 //! - [`plan`]: host-side launch planning (split-K partitions, prefill tiles,
 //!   RoPE tables, shape limits). Pure, always built, tested in CI.
+//! - [`sampling`]: the device sampler's packed plans and output words
+//!   (`kernels/sample.cu`). Pure, always built, tested in CI.
 //! - [`stage`]: weight matrices read from the mapped checkpoint in the
 //!   device dtype (bf16 stays bf16: no f32 stage). Always built, tested in CI.
 //! - `device` (feature `cuda`): context, stream, embedded kernels, cuBLAS.
@@ -24,10 +26,13 @@
 
 pub mod error;
 pub mod plan;
+pub mod sampling;
 pub mod stage;
 
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
+mod draw;
 #[cfg(feature = "cuda")]
 mod forward;
 #[cfg(feature = "cuda")]

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use agentd_runtime::{BatchInput, Logits, ModelError, StepRunner};
+use agentd_runtime::sampling::device::{draw_rows, Drawn, RowPlan};
+use agentd_runtime::{BatchInput, BlockCopy, Logits, ModelError, StepRunner};
 
 use crate::error::CudaError;
 use crate::model::{GpuKvCache, GpuQwen3};
@@ -12,6 +13,9 @@ pub struct GpuRunner {
     model: Arc<GpuQwen3>,
     cache: GpuKvCache,
     device: String,
+    /// Rows drawn on the GPU (`--device-sampling`); off: logits come back
+    /// to the host sampler (the path validated on an H200).
+    draw_on_device: bool,
 }
 
 impl GpuRunner {
@@ -22,7 +26,15 @@ impl GpuRunner {
             model,
             cache,
             device,
+            draw_on_device: false,
         })
+    }
+
+    /// Draws rows on the GPU (`kernels/sample.cu`) instead of handing the
+    /// engine logits.
+    pub fn with_device_sampling(mut self, on: bool) -> Self {
+        self.draw_on_device = on;
+        self
     }
 }
 
@@ -46,6 +58,26 @@ impl StepRunner for GpuRunner {
             return Ok(Logits::empty());
         }
         Logits::from_flat(flat, self.model.config().vocab_size)
+    }
+
+    fn step_and_draw(
+        &mut self,
+        copies: &[BlockCopy],
+        batch: &BatchInput,
+        plans: &[RowPlan],
+    ) -> agentd_runtime::Result<Vec<Drawn>> {
+        if !self.draw_on_device {
+            let logits = self.step_after_copies(copies, batch)?;
+            return draw_rows(&logits, plans);
+        }
+        self.copy_blocks(copies)?;
+        self.model
+            .forward_and_draw(batch, &mut self.cache, plans)
+            .map_err(to_model_error)
+    }
+
+    fn draws_on_device(&self) -> bool {
+        self.draw_on_device
     }
 
     fn block_size(&self) -> usize {

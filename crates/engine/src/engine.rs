@@ -219,6 +219,7 @@ impl Engine {
             inbox: Inbox::default(),
             board: Board::default(),
             eos: mc.eos_token_ids.clone(),
+            vocab: mc.vocab_size,
             threads_per_replica: cfg.threads_each(),
         });
         let mut threads = Vec::with_capacity(cfg.replicas);

@@ -32,6 +32,7 @@ mod memory;
 mod metrics;
 mod outbox;
 mod prompt_lp;
+mod sample;
 mod step;
 mod trace;
 mod worker;

@@ -5,9 +5,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agentd_kv::BlockCopy;
-use agentd_runtime::sampling::prompt_logprob;
-use agentd_runtime::{BatchBuilder, Logits, LogitsFor, StepRunner};
-use rayon::prelude::*;
+use agentd_runtime::StepRunner;
 use tracing::{error, info, warn};
 
 use crate::board::{Board, Snapshot};
@@ -15,8 +13,8 @@ use crate::control::{Point, RunnerOp};
 use crate::core::{Core, Sampled, SeqPlan};
 use crate::inbox::Inbox;
 use crate::outbox::Outbox;
-use crate::prompt_lp::PromptRows;
-use crate::{trace, FinishReason};
+use crate::sample::{run_step, StepEnv, StepTiming};
+use crate::trace;
 
 /// A held engine lock. Each acquisition is one numbered critical section
 /// ([`Board::begin`]), ended by an explicit [`Held::end`]: it publishes a
@@ -116,10 +114,6 @@ impl std::ops::DerefMut for Held<'_> {
 /// How long an idle worker sleeps before re-checking leases and decay.
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
-/// Below this many rows to sample, the worker does it alone: handing rows
-/// to the pool costs a few µs, a greedy row ~0.1 ms, a temperature row ~1 ms.
-const PARALLEL_SAMPLING_MIN_ROWS: usize = 4;
-
 /// Wake-ups of idle workers. A kick sets every replica's flag under this
 /// mutex, so a kick between a worker's empty plan and its wait is not lost
 /// (the flag makes the wait return at once).
@@ -176,6 +170,8 @@ pub(crate) struct Shared {
     pub board: Board,
     /// End-of-sequence tokens, read by workers outside the lock.
     pub eos: Vec<u32>,
+    /// The model's vocabulary (a device plan's masks cover it).
+    pub vocab: usize,
     /// Threads of the pool a worker samples on when its runner has none
     /// (the CPU runner lends its own).
     pub threads_per_replica: usize,
@@ -271,20 +267,12 @@ pub(crate) fn run(r: usize, shared: Arc<Shared>, mut runner: Box<dyn StepRunner>
         let _in_step = step.enter();
         // Admissions may have placed programs on other replicas.
         shared.wake_all();
-        let t = Instant::now();
-        let result = forward(runner.as_mut(), &copies, &plan);
-        let forward_s = t.elapsed().as_secs_f64();
-        let pool = runner.compute_pool().or(own_pool.as_ref());
-        let t = Instant::now();
-        let mut rows = 0;
-        let sampled = result.and_then(|logits| {
-            rows = logits.rows();
-            sample(&mut plan, &logits, &shared.eos, pool)
-        });
-        let timing = StepTiming {
-            forward_s,
-            sample_s: (rows > 0).then(|| t.elapsed().as_secs_f64()),
+        let env = StepEnv {
+            eos: &shared.eos,
+            vocab: shared.vocab,
+            own_pool: own_pool.as_ref(),
         };
+        let (sampled, timing) = run_step(runner.as_mut(), &copies, &mut plan, &env);
         match sampled {
             Ok(sampled) => commit(r, &shared, plan, sampled, timing),
             Err(e) => {
@@ -346,14 +334,7 @@ fn step_span(r: usize, plan: &[SeqPlan]) -> tracing::Span {
     span
 }
 
-/// How long a step's forward and sampling took (`/metrics`).
-#[derive(Clone, Copy)]
-struct StepTiming {
-    forward_s: f64,
-    /// `None` when the step sampled no row.
-    sample_s: Option<f64>,
-}
-
+/// Step times go to `/metrics` with the step's commit.
 impl StepTiming {
     fn record(self, core: &mut Core) {
         core.counters.forward_s.observe(self.forward_s);
@@ -483,115 +464,4 @@ enum Next {
     Step(Vec<SeqPlan>, Vec<BlockCopy>),
     /// Change the runner's weights or memory, after these copies.
     Swap(RunnerOp, Vec<BlockCopy>),
-}
-
-/// Runs the model on the planned batch, in plan order: one logits row per
-/// sequence that samples, or one per new token for a chunk that scores
-/// prompt positions ([`SeqPlan::prompt`]). The step's tier copies come
-/// first (overlapped with the forward where the runner can:
-/// [`StepRunner::step_after_copies`]).
-fn forward(
-    runner: &mut dyn StepRunner,
-    copies: &[BlockCopy],
-    plan: &[SeqPlan],
-) -> agentd_runtime::Result<Logits> {
-    let mut b = BatchBuilder::new(runner.block_size());
-    for s in plan {
-        let logits = if s.prompt.is_some() {
-            LogitsFor::All
-        } else if s.wants_logits() {
-            LogitsFor::Last
-        } else {
-            LogitsFor::None
-        };
-        b.push(&s.new_tokens, s.num_cached, &s.block_table, logits);
-    }
-    runner.step_after_copies(copies, &b.build())
-}
-
-/// Samples each sequence's next token from its logits row (borrowed in
-/// place from the runner's output) with its own sampler, outside the engine
-/// lock, in parallel across sequences on the replica's pool (each sampler
-/// owns its RNG, so the result does not depend on the split). The result is
-/// aligned with `plan`: `None` where no logits were asked for. A chunk that
-/// scores prompt positions gets its entries in [`SeqPlan::prompt`]; its
-/// last row samples when it ends the context.
-fn sample(
-    plan: &mut [SeqPlan],
-    logits: &Logits,
-    eos: &[u32],
-    pool: Option<&rayon::ThreadPool>,
-) -> agentd_runtime::Result<Vec<Option<Sampled>>> {
-    let vocab = logits.vocab().max(1);
-    logits.with_flat(|flat| {
-        let mut outs: Vec<Option<Sampled>> = plan.iter().map(|_| None).collect();
-        let mut rows = flat.chunks_exact(vocab);
-        let mut jobs: Vec<Job<'_>> = Vec::with_capacity(plan.len());
-        for (s, out) in plan.iter_mut().zip(outs.iter_mut()) {
-            if let Some(p) = s.prompt.as_mut() {
-                let chunk: Vec<&[f32]> = rows.by_ref().take(s.new_tokens.len()).collect();
-                score_prompt(p, &chunk, pool);
-                if let Some(sampler) = s.sampler.as_mut() {
-                    jobs.push((sampler, chunk.last().copied().unwrap_or(&[]), out));
-                }
-            } else if let Some(sampler) = s.sampler.as_mut() {
-                let row = rows.next().unwrap_or(&[]);
-                jobs.push((sampler, row, out));
-            }
-        }
-        match pool {
-            Some(pool)
-                if jobs.len() >= PARALLEL_SAMPLING_MIN_ROWS && pool.current_num_threads() > 1 =>
-            {
-                pool.install(|| jobs.par_iter_mut().for_each(|j| sample_one(j, eos)));
-            }
-            _ => jobs.iter_mut().for_each(|j| sample_one(j, eos)),
-        }
-        outs
-    })
-}
-
-/// The prompt logprobs of one chunk's rows (row `i` scores `targets[i]`),
-/// on the pool when there is one: each row is four passes over the
-/// vocabulary (max, exp-sum, top-k, rank), and a chunk has up to
-/// `max_num_batched_tokens` of them.
-fn score_prompt(p: &mut PromptRows, chunk: &[&[f32]], pool: Option<&rayon::ThreadPool>) {
-    let k = p.k;
-    let score = |(row, &t): (&&[f32], &u32)| prompt_logprob(row, t, k);
-    p.out = match pool {
-        Some(pool) if p.targets.len() > 1 => pool.install(|| {
-            chunk
-                .par_iter()
-                .zip(p.targets.par_iter())
-                .map(score)
-                .collect()
-        }),
-        _ => chunk.iter().zip(&p.targets).map(score).collect(),
-    };
-}
-
-type Job<'a> = (
-    &'a mut agentd_runtime::SequenceSampler,
-    &'a [f32],
-    &'a mut Option<Sampled>,
-);
-
-/// One row. A sampler error (or a missing row) ends the request.
-fn sample_one((sampler, row, out): &mut Job<'_>, eos: &[u32]) {
-    **out = Some(match sampler.sample(row, eos) {
-        Ok(output) => {
-            let finish = sampler.finish_reason(output.token_id, eos);
-            Sampled {
-                output: Some(output),
-                finish,
-            }
-        }
-        Err(e) => {
-            error!(error = %e, "sampling failed; ending the request");
-            Sampled {
-                output: None,
-                finish: Some(FinishReason::Error),
-            }
-        }
-    });
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use agentd_engine::{Engine, EngineConfig, Event, FinishReason, GenerateRequest, StartError};
 use agentd_models::{CpuRunner, Model};
-use agentd_runtime::{BatchInput, Logits, ModelError, SamplingParams, StepRunner};
+use agentd_runtime::sampling::device::{draw_rows, Drawn, RowPlan};
+use agentd_runtime::{BatchInput, Logits, ModelError, SamplingParams, StepRunner, TokenControls};
 
 fn model() -> Arc<Model> {
     let dir =
@@ -129,4 +130,156 @@ fn a_failed_step_ends_its_requests_and_the_engine_keeps_serving() {
     assert!(steps.load(Ordering::SeqCst) > 2);
     let m = engine.snapshot_blocking().metrics.clone();
     assert_eq!(m.kv_cache_usage, 0.0, "no block leaked by the failed step");
+}
+
+/// The CPU runner telling the engine it draws on its device: the engine
+/// hands it each row's plan and takes tokens back, and the runner draws by
+/// the reference the CUDA kernel follows (`StepRunner::step_and_draw`'s
+/// default). Counts the rows it drew.
+struct PlanningRunner {
+    inner: CpuRunner,
+    rows: Arc<AtomicUsize>,
+}
+
+impl StepRunner for PlanningRunner {
+    fn step(&mut self, batch: &BatchInput) -> agentd_runtime::Result<Logits> {
+        self.inner.step(batch)
+    }
+    fn step_and_draw(
+        &mut self,
+        copies: &[agentd_runtime::BlockCopy],
+        batch: &BatchInput,
+        plans: &[RowPlan],
+    ) -> agentd_runtime::Result<Vec<Drawn>> {
+        self.rows.fetch_add(plans.len(), Ordering::SeqCst);
+        let logits = self.step_after_copies(copies, batch)?;
+        draw_rows(&logits, plans)
+    }
+    fn draws_on_device(&self) -> bool {
+        true
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks()
+    }
+    fn device(&self) -> String {
+        "planning cpu".into()
+    }
+}
+
+type Output = (Vec<(u32, Option<f32>, Vec<(u32, f32)>)>, FinishReason);
+
+/// Four programs at once (so steps batch several rows), each with its own
+/// sampling; every stream's tokens, logprobs and finish reason.
+fn run_four(engine: &Engine, sampling: &[SamplingParams; 4]) -> Vec<Output> {
+    let streams: Vec<_> = sampling
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let prompt: Vec<u32> = (1..30).map(|t| t * (i as u32 + 3) % 250).collect();
+            engine
+                .submit(GenerateRequest {
+                    program: Some(format!("p{i}")),
+                    prompt,
+                    sampling: p.clone(),
+                    ..GenerateRequest::default()
+                })
+                .expect("accepted")
+        })
+        .collect();
+    streams
+        .into_iter()
+        .map(|mut s| {
+            let mut toks = Vec::new();
+            loop {
+                match s.blocking_next() {
+                    Some(Event::Token(t)) => toks.push((t.token_id, t.logprob, t.top)),
+                    Some(Event::Finished { reason, .. }) => return (toks, reason),
+                    None => panic!("stream ended without Finished"),
+                }
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn rows_drawn_by_plan_match_the_host_sampler() {
+    let m = model();
+    let cfg = config();
+    let greedy = |p: SamplingParams| SamplingParams {
+        max_tokens: 12,
+        ..p
+    };
+    let sampling = [
+        greedy(SamplingParams {
+            logprobs: Some(3),
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        }),
+        greedy(SamplingParams {
+            repetition_penalty: 1.5,
+            frequency_penalty: 0.7,
+            presence_penalty: 0.3,
+            ..SamplingParams::greedy()
+        }),
+        greedy(SamplingParams {
+            stop_token_ids: vec![17],
+            controls: TokenControls {
+                logit_bias: vec![(17, 4.0), (3, -2.0)],
+                bad_words: vec![vec![17, 17]],
+                min_tokens: 3,
+                allowed_token_ids: Some((0..120).collect()),
+            },
+            ..SamplingParams::greedy()
+        }),
+        greedy(SamplingParams {
+            top_k: 5,
+            logprobs: Some(1),
+            ..SamplingParams::greedy()
+        }),
+    ];
+    let host = Engine::with_model(m.clone(), cfg.clone()).expect("engine");
+    let want = run_four(&host, &sampling);
+    host.shutdown();
+
+    let rows = Arc::new(AtomicUsize::new(0));
+    let planning = |rows: &Arc<AtomicUsize>| {
+        let runner = PlanningRunner {
+            inner: CpuRunner::new(m.clone(), cfg.num_blocks, cfg.block_size, 1, "t")
+                .expect("runner"),
+            rows: rows.clone(),
+        };
+        Engine::with_runners(m.config().clone(), vec![Box::new(runner)], cfg.clone())
+            .expect("engine")
+    };
+    let engine = planning(&rows);
+    let got = run_four(&engine, &sampling);
+    assert_eq!(got, want, "greedy rows drawn by plan equal the host's");
+    assert!(want.iter().all(|(t, _)| !t.is_empty()));
+    let drawn = rows.load(Ordering::SeqCst);
+    let tokens: usize = got.iter().map(|(t, _)| t.len()).sum();
+    assert_eq!(drawn, tokens, "every token came from a planned row");
+
+    // Seeded draws at a temperature are reproducible by plan, whatever the
+    // batch they share.
+    let seeded = |seed| SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens: 10,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let sampling = [seeded(1), seeded(2), seeded(3), seeded(1)];
+    let a = run_four(&engine, &sampling);
+    engine.shutdown();
+    let again = planning(&rows);
+    let b = run_four(&again, &sampling);
+    again.shutdown();
+    assert_eq!(a, b, "the same seeds draw the same tokens");
+    let vocab = m.config().vocab_size as u32;
+    assert!(a.iter().flat_map(|(t, _)| t).all(|t| t.0 < vocab));
+    assert_ne!(a[0].0, a[1].0, "other seeds, other draws");
 }

@@ -22,6 +22,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
 use crate::memory::MemoryTags;
+use crate::sampling::device::{draw_rows, Drawn, RowPlan};
 
 /// A backend's loaded weights. `Any` so that a runner can take its own
 /// backend's kind back from the `Arc<dyn LoadedModel>` the engine passes on
@@ -120,6 +121,27 @@ pub trait StepRunner: Send {
     fn step_after_copies(&mut self, copies: &[BlockCopy], batch: &BatchInput) -> Result<Logits> {
         self.copy_blocks(copies)?;
         self.step(batch)
+    }
+
+    /// [`StepRunner::step_after_copies`], then each logits row drawn by its
+    /// plan (`plans[i]` for row `i`) where the logits are: only the tokens
+    /// (and requested logprobs) come back (`sampling::device`). By default
+    /// on the host, by the reference the device kernels follow; a GPU
+    /// runner overrides it and keeps its logits on the device.
+    fn step_and_draw(
+        &mut self,
+        copies: &[BlockCopy],
+        batch: &BatchInput,
+        plans: &[RowPlan],
+    ) -> Result<Vec<Drawn>> {
+        let logits = self.step_after_copies(copies, batch)?;
+        draw_rows(&logits, plans)
+    }
+
+    /// Whether [`StepRunner::step_and_draw`] samples on a device (the
+    /// engine then plans rows instead of reading logits; `--device-sampling`).
+    fn draws_on_device(&self) -> bool {
+        false
     }
 
     /// Carries out the allocator's copies between the tiers, in order

@@ -137,6 +137,17 @@ impl ConstraintState {
         Ok(())
     }
 
+    /// The grammar's allowed next tokens as `vocab.div_ceil(32)` bitmask
+    /// words (bit `t % 32` of word `t / 32`; ids past the grammar's mask
+    /// are never allowed, as in [`Self::mask`]).
+    pub(crate) fn mask_words(&mut self, vocab: usize) -> Result<Vec<u32>> {
+        let allowed = self.matcher.compute_mask().map_err(grammar_error)?;
+        let words = allowed.as_slice();
+        Ok((0..vocab.div_ceil(32))
+            .map(|i| words.get(i).copied().unwrap_or(0))
+            .collect())
+    }
+
     /// Moves past the sampled `token`.
     pub(crate) fn advance(&mut self, token: u32) -> Result<()> {
         self.matcher.consume_token(token).map_err(grammar_error)

@@ -5,6 +5,7 @@
 //! processed on its own from the sequence's own state, so a sequence samples
 //! the same tokens whatever else shares its batch.
 
+use super::device::Edit;
 use super::InvalidSampling;
 
 /// Largest |bias| of `logit_bias` (OpenAI's range; ±100 bans or forces a
@@ -172,6 +173,41 @@ impl Controls {
             }
         }
         out
+    }
+
+    /// The controls as a device plan's edits (banned tokens, biases) and
+    /// allowed bitmask of `vocab` tokens: what [`Self::apply`] does to a row
+    /// after `generated` tokens.
+    pub fn plan(
+        &self,
+        edits: &mut Vec<Edit>,
+        generated: usize,
+        stops: &[&[u32]],
+        vocab: usize,
+    ) -> Option<Vec<u32>> {
+        let ban = |t: u32| Edit {
+            banned: true,
+            ..Edit::new(t)
+        };
+        for word in &self.bad_words {
+            if let Some((&last, prefix)) = word.split_last() {
+                if self.output.ends_with(prefix) {
+                    edits.push(ban(last));
+                }
+            }
+        }
+        for &(t, bias) in &self.logit_bias {
+            edits.push(Edit {
+                bias: Some(bias),
+                ..Edit::new(t)
+            });
+        }
+        if self.holds_stops(generated) {
+            edits.extend(stops.iter().copied().flatten().map(|&t| ban(t)));
+        }
+        self.allowed
+            .as_ref()
+            .map(|a| super::device::words_allowing(a, vocab))
     }
 
     /// Remembers one generated token.

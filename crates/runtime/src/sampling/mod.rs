@@ -9,6 +9,7 @@
 
 pub mod constraint;
 mod controls;
+pub mod device;
 mod kernels;
 mod params;
 mod penalties;
@@ -84,6 +85,9 @@ pub struct SequenceSampler {
     controls: Option<Controls>,
     constraint: Option<ConstraintState>,
     generated: usize,
+    /// The RNG's seed, which also keys a device draw's Philox stream
+    /// ([`device::RowPlan::seed`]).
+    seed: u64,
 }
 
 impl SequenceSampler {
@@ -102,6 +106,7 @@ impl SequenceSampler {
             controls: Controls::new(&params.controls),
             constraint: params.constraint.as_ref().map(Constraint::start),
             generated: 0,
+            seed,
             params,
         })
     }
@@ -123,6 +128,30 @@ impl SequenceSampler {
             return Err(ModelError::Sampling("empty logits".into()));
         }
         let raw = self.params.logprobs.map(|n| raw_logprobs(logits, n));
+        let owned = self.edited(logits, eos)?;
+        let row = owned.as_deref().unwrap_or(logits);
+        let token = if self.params.temperature < 1e-5 {
+            argmax(row)
+        } else {
+            self.draw(row)
+        };
+        let (logprob, top) = match raw {
+            Some((lse, top)) => (Some((logits[token] as f64 - lse) as f32), top),
+            None => (None, Vec::new()),
+        };
+        self.accept(
+            device::Drawn {
+                token: token as u32,
+                logprob,
+                top,
+            },
+            eos,
+        )
+    }
+
+    /// The row after the token controls, the penalties and the grammar's
+    /// mask; `None` when none applies (the row is read as it is).
+    fn edited(&mut self, logits: &[f32], eos: &[u32]) -> Result<Option<Vec<f32>>> {
         let stops: [&[u32]; 2] = [&self.params.stop_token_ids, eos];
         let mut owned = self
             .controls
@@ -134,13 +163,13 @@ impl SequenceSampler {
         if let Some(c) = &mut self.constraint {
             c.mask(owned.get_or_insert_with(|| logits.to_vec()))?;
         }
-        let row = owned.as_deref().unwrap_or(logits);
-        let token = if self.params.temperature < 1e-5 {
-            argmax(row)
-        } else {
-            self.draw(row)
-        };
-        let token_id = token as u32;
+        Ok(owned)
+    }
+
+    /// Records a token drawn elsewhere (by [`Self::sample`], or by a
+    /// device from [`Self::plan_row`]'s plan) as the next one.
+    pub fn accept(&mut self, drawn: device::Drawn, eos: &[u32]) -> Result<SampleOutput> {
+        let token_id = drawn.token;
         if let Some(p) = &mut self.penalties {
             p.record(token_id);
         }
@@ -151,15 +180,64 @@ impl SequenceSampler {
             c.advance(token_id)?;
         }
         self.generated += 1;
-        let (logprob, top) = match raw {
-            Some((lse, top)) => (Some((logits[token] as f64 - lse) as f32), top),
-            None => (None, Vec::new()),
-        };
         Ok(SampleOutput {
             token_id,
-            logprob,
-            top,
+            logprob: drawn.logprob,
+            top: drawn.top,
             stop_token: self.is_stop_token(token_id, eos),
+        })
+    }
+
+    /// The next token's sampling as plain data for a row of `vocab`
+    /// logits where they are (a device): the same edits, filters and
+    /// logprobs as [`Self::sample`] (module [`device`]). `&mut`: the
+    /// grammar computes its mask.
+    pub fn plan_row(&mut self, vocab: usize, eos: &[u32]) -> Result<device::RowPlan> {
+        let p = &self.params;
+        let mut edits = Vec::new();
+        let mut allowed = None;
+        if let Some(c) = &self.controls {
+            let stops: [&[u32]; 2] = [&p.stop_token_ids, eos];
+            allowed = c.plan(&mut edits, self.generated, &stops, vocab);
+        }
+        if let Some(pen) = &self.penalties {
+            pen.plan(&mut edits);
+        }
+        let mut edits = device::merge_edits(edits, vocab);
+        if let Some(c) = &mut self.constraint {
+            let words = c.mask_words(vocab)?;
+            allowed = Some(match allowed {
+                Some(a) => device::and_words(&a, &words),
+                None => words,
+            });
+        }
+        if allowed.is_some() {
+            // Edits of tokens the mask removes change nothing.
+            edits.retain(|e| device::allows(allowed.as_deref(), e.token));
+        }
+        let (repetition, presence, frequency) = match &self.penalties {
+            Some(_) => (
+                p.repetition_penalty,
+                p.presence_penalty,
+                p.frequency_penalty,
+            ),
+            None => (1.0, 0.0, 0.0),
+        };
+        Ok(device::RowPlan {
+            temperature: p.temperature,
+            top_k: p
+                .top_k_limit()
+                .map_or(0, |k| u32::try_from(k).unwrap_or(u32::MAX)),
+            top_p: p.top_p,
+            min_p: p.min_p,
+            seed: self.seed,
+            draw: self.generated as u64,
+            logprobs: p.logprobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+            repetition,
+            presence,
+            frequency,
+            edits,
+            allowed,
         })
     }
 

@@ -3,6 +3,7 @@
 //! binary-searched insert per sampled token, so a step costs a copy of the
 //! row plus O(distinct tokens), never a rescan of the history.
 
+use super::device::Edit;
 use super::SamplingParams;
 
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +54,16 @@ impl Penalties {
             Ok(i) => self.seen[i].count = self.seen[i].count.saturating_add(1),
             Err(i) => self.seen.insert(i, Seen { token, count: 1 }),
         }
+    }
+
+    /// The seen tokens as a device plan's edits (the plan carries the
+    /// three penalties).
+    pub fn plan(&self, edits: &mut Vec<Edit>) {
+        edits.extend(self.seen.iter().map(|s| Edit {
+            seen: true,
+            count: s.count,
+            ..Edit::new(s.token)
+        }));
     }
 
     /// Applies the penalties to the seen tokens of `row` (ids beyond the

@@ -5,13 +5,16 @@
 //!    poisoned first so unwritten elements are caught (both bf16 and f16);
 //! 2. the golden tiny models (tests/fixtures/golden) end to end: GPU logits
 //!    against the CPU runtime and transformers, greedy tokens;
-//! 3. decode step time at Qwen3-0.6B and -8B shapes, batch 1/32/128, against
+//! 3. the device sampler against its reference, and its time against the
+//!    logits download it replaces (`--skip-sampling`);
+//! 4. decode step time at Qwen3-0.6B and -8B shapes, batch 1/32/128, against
 //!    the HBM roofline (weight + KV bytes / measured copy bandwidth).
 //!
 //! Exits non-zero when any check fails.
 
 mod golden;
 mod kernels;
+mod sampling;
 mod timing;
 
 use std::path::PathBuf;
@@ -95,6 +98,11 @@ fn main() {
     if !flag("--skip-kernels") {
         if let Err(e) = kernels::run(&gpu, &mut report) {
             report.fail("kernel checks", &e.to_string());
+        }
+    }
+    if !flag("--skip-sampling") {
+        if let Err(e) = sampling::run(&gpu, &mut report) {
+            report.fail("device sampling", &e.to_string());
         }
     }
     if !flag("--skip-golden") {
