@@ -117,3 +117,56 @@ __device__ void fill_uniform_impl(T* __restrict__ out, long long n, unsigned lon
 AGENTD_BF16_F16(fill_uniform,
                 (void* out, long long n, unsigned long long seed, float lo, float hi),
                 ((T*)out, n, seed, lo, hi))
+
+// The attention prologue in one launch (issue 28 item 3, `--fused-prologue`):
+// for token t, Q head h (blockIdx.y < heads) is RMS-normed and rotated in
+// place as head_norm_rope does; K head j (blockIdx.y = heads + j) is normed,
+// rotated in place and written to its cache slot, and V head j copied to
+// its slot, as reshape_and_cache does (slot < 0 skips the writes). Three
+// launches per layer become one, and K is written once where it was written,
+// read back and written again. The stored values are the same bits as the
+// unfused path's: K is rounded to T once, then copied.
+// grid: (tokens, heads + kv_heads); block: head_dim / 2 threads.
+template <typename T>
+__device__ void qkv_prologue_impl(T* __restrict__ qkv, const float* __restrict__ q_w,
+                                  const float* __restrict__ k_w, const int* __restrict__ positions,
+                                  const float* __restrict__ cos_sin, T* __restrict__ k_cache,
+                                  T* __restrict__ v_cache, const long long* __restrict__ slots,
+                                  int heads, int kv_heads, int row_stride, int head_dim,
+                                  int block_size, float eps) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x, y = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
+  const bool is_k = y >= heads;
+  const int head = is_k ? y - heads : y;
+  const int offset = is_k ? heads * head_dim + head * head_dim : head * head_dim;
+  const float* w = is_k ? k_w : q_w;
+  T* p = qkv + (size_t)t * row_stride + offset;
+  float a = to_float(p[i]), b = to_float(p[i + half]);
+  if (w) {
+    const float inv = rsqrtf(block_sum(a * a + b * b, scratch) / head_dim + eps);
+    a = a * inv * w[i];
+    b = b * inv * w[i + half];
+  }
+  const float* cs = cos_sin + (size_t)positions[t] * head_dim;
+  const float c = cs[i], s = cs[half + i];
+  const T ra = from_float<T>(a * c - b * s), rb = from_float<T>(b * c + a * s);
+  p[i] = ra;
+  p[i + half] = rb;
+  if (!is_k) return;
+  const long long slot = slots[t];
+  if (slot < 0) return;
+  const long long block = slot / block_size, off = slot % block_size;
+  const size_t dst = ((block * kv_heads + head) * block_size + off) * head_dim;
+  k_cache[dst + i] = ra;
+  k_cache[dst + i + half] = rb;
+  const T* v = qkv + (size_t)t * row_stride + (heads + kv_heads) * head_dim + head * head_dim;
+  v_cache[dst + i] = v[i];
+  v_cache[dst + i + half] = v[i + half];
+}
+AGENTD_BF16_F16(qkv_prologue,
+                (void* qkv, const float* q_w, const float* k_w, const int* positions,
+                 const float* cos_sin, void* k_cache, void* v_cache, const long long* slots,
+                 int heads, int kv_heads, int row_stride, int head_dim, int block_size,
+                 float eps),
+                ((T*)qkv, q_w, k_w, positions, cos_sin, (T*)k_cache, (T*)v_cache, slots, heads,
+                 kv_heads, row_stride, head_dim, block_size, eps))

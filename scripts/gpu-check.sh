@@ -4,7 +4,8 @@
 # .gpu/). The GPU machine needs no Rust, nvcc or registry: only the NVIDIA
 # driver and cuBLAS (found in the CUDA toolkit or in Python's nvidia-* wheels).
 #
-#   scripts/gpu-check.sh [--skip-kernels] [--skip-sampling] [--skip-golden] [--skip-timing]
+#   scripts/gpu-check.sh [--skip-kernels] [--skip-sampling] [--skip-tier] [--skip-graphs]
+#                        [--skip-golden] [--skip-timing]
 #                        [--batches 1,32,128] [--context 1024]
 #
 # Prints each kernel check, the device sampler against its reference (and its

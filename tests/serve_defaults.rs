@@ -188,4 +188,15 @@ fn kv_cache_sized_from_memory() {
         err.contains("not supported: --tensor-parallel-size"),
         "{err}"
     );
+
+    // The GPU-only paths are refused on the CPU with the device they need.
+    for flag in ["--device-sampling", "--fused-prologue", "--cuda-graphs"] {
+        let (status, lines) = serve_fails_env("serve-kv", [path, flag], &[]);
+        assert!(!status.success(), "{flag}");
+        let err = lines
+            .iter()
+            .find(|l| l.starts_with("error: "))
+            .expect("an error line");
+        assert!(err.contains(flag) && err.contains("--device cuda"), "{err}");
+    }
 }

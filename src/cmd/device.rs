@@ -12,13 +12,26 @@ use anyhow::Result;
 
 use super::kv_size::KvPlan;
 
+/// The GPU paths not yet validated on a device, each behind its flag.
+/// (Read only by the CUDA build.)
+#[derive(Debug, Clone, Copy, Default)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub struct GpuPaths {
+    /// `--device-sampling`.
+    pub device_sampling: bool,
+    /// `--fused-prologue`.
+    pub fused_prologue: bool,
+    /// `--cuda-graphs` without `--enforce-eager`.
+    pub graphs: bool,
+}
+
 #[cfg(feature = "cuda")]
 pub fn start_cuda(
     model_dir: &Path,
     mut cfg: EngineConfig,
     dtype: LoadDtype,
     kv: &mut KvPlan,
-    device_sampling: bool,
+    paths: GpuPaths,
 ) -> Result<Engine> {
     use std::sync::Arc;
 
@@ -47,7 +60,12 @@ pub fn start_cuda(
     let mut models = Vec::with_capacity(cfg.replicas);
     let mut sized = Vec::with_capacity(cfg.replicas);
     for r in 0..cfg.replicas {
-        let gpu = Arc::new(Gpu::new(r).with_context(|| format!("opening CUDA device {r}"))?);
+        let open = if paths.graphs {
+            Gpu::new_for_graphs
+        } else {
+            Gpu::new
+        };
+        let gpu = Arc::new(open(r).with_context(|| format!("opening CUDA device {r}"))?);
         let (free_at_start, total) = gpu.memory()?;
         tracing::info!(replica = r, device = %gpu.name(), "uploading weights");
         let model = Arc::new(GpuQwen3::from_weights(
@@ -81,7 +99,14 @@ pub fn start_cuda(
     let mut runners: Vec<Box<dyn StepRunner>> = Vec::with_capacity(cfg.replicas);
     for model in models {
         let runner = GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?;
-        runners.push(Box::new(runner.with_device_sampling(device_sampling)));
+        let mut runner = runner
+            .with_device_sampling(paths.device_sampling)
+            .with_fused_prologue(paths.fused_prologue);
+        if paths.graphs {
+            let window = cfg.max_model_len.unwrap_or(mc.max_position_embeddings);
+            runner = runner.with_graphs(cfg.scheduler.max_running.saturating_mul(2), window);
+        }
+        runners.push(Box::new(runner));
     }
     Ok(Engine::with_runners(mc, runners, cfg)?)
 }
@@ -128,7 +153,7 @@ pub fn start_cuda(
     _cfg: EngineConfig,
     _dtype: LoadDtype,
     _kv: &mut KvPlan,
-    _device_sampling: bool,
+    _paths: GpuPaths,
 ) -> Result<Engine> {
     anyhow::bail!(
         "this agentd was built without CUDA: rebuild with `cargo build --release --features cuda` \

@@ -26,7 +26,10 @@
 //! *beyond* the pool it was given (`VLLM_CPU_KVCACHE_SPACE`, 4 GiB by
 //! default, as vLLM), not a split of it.
 //!
-//! The CUDA engine has no host tier yet (issue 28), so it is off there.
+//! The CUDA engine's tier (pinned host memory, copies on their own stream:
+//! `crates/cuda/src/tier.rs`) is off by default until an H200 run has
+//! checked it (issue 28); `--kv-offloading-size` / `--num-host-kv-blocks`
+//! turn it on.
 //! Both buffers are allocated zeroed (`calloc`): a tier costs resident
 //! memory only as evicted blocks fill it.
 
@@ -63,7 +66,10 @@ pub fn plan(a: &TierArgs, kv: &KvPlan) -> Result<(usize, String)> {
         return Ok((blocks, format!("--kv-offloading-size {gib}")));
     }
     if a.cuda {
-        return Ok((0, "the CUDA engine has no host tier yet".into()));
+        return Ok((
+            0,
+            "off on CUDA until validated on a GPU; --kv-offloading-size GiB turns it on".into(),
+        ));
     }
     let Some(avail) = a.mem_available else {
         return Ok((0, "MemAvailable unknown".into()));

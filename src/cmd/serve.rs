@@ -56,6 +56,15 @@ pub struct ServeArgs {
     /// device. Off until an H200 run has checked it (kernels/NOTES.md).
     #[arg(long)]
     pub device_sampling: bool,
+    /// CUDA: Q/K norm + RoPE and the KV cache write as one kernel per layer
+    /// (three launches become one). Off until an H200 run has checked it.
+    #[arg(long)]
+    pub fused_prologue: bool,
+    /// CUDA: replay decode steps as CUDA graphs per batch bucket (vLLM's
+    /// capture sizes); prefill and mixed steps run eagerly. Off until an
+    /// H200 run has checked it; vLLM's --enforce-eager turns it off.
+    #[arg(long)]
+    pub cuda_graphs: bool,
     #[command(flatten)]
     pub dtype: super::dtype::DtypeArg,
     /// Tool-call output format by vLLM's parser name (default: the model
@@ -324,11 +333,16 @@ fn start_engine(
 ) -> Result<Engine> {
     if args.device == "cuda" {
         let dtype = args.dtype.dtype;
-        return super::device::start_cuda(model_dir, cfg, dtype, kv, args.device_sampling);
+        let paths = super::device::GpuPaths {
+            device_sampling: args.device_sampling,
+            fused_prologue: args.fused_prologue,
+            graphs: args.cuda_graphs && !args.vllm.enforce_eager,
+        };
+        return super::device::start_cuda(model_dir, cfg, dtype, kv, paths);
     }
     anyhow::ensure!(
-        !args.device_sampling,
-        "--device-sampling needs --device cuda (on the CPU the logits are already where the sampler is)"
+        !(args.device_sampling || args.fused_prologue || args.cuda_graphs),
+        "--device-sampling, --fused-prologue and --cuda-graphs need --device cuda"
     );
     let dtype = args.dtype.dtype;
     tracing::info!(dir = %model_dir.display(), %dtype, "loading model");

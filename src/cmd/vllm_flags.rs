@@ -37,8 +37,9 @@ pub struct VllmFlags {
     enable_auto_tool_choice: bool,
     #[arg(long, hide = true)]
     trust_remote_code: bool,
+    /// vLLM's: no CUDA graphs (wins over `--cuda-graphs`).
     #[arg(long, hide = true)]
-    enforce_eager: bool,
+    pub enforce_eager: bool,
     #[arg(long, hide = true)]
     disable_log_requests: bool,
     #[arg(long, hide = true)]
@@ -139,7 +140,7 @@ impl VllmFlags {
             ),
             (
                 self.enforce_eager,
-                "--enforce-eager: no graphs are captured",
+                "--enforce-eager: no CUDA graphs are captured (graphs are off unless --cuda-graphs)",
             ),
             (
                 self.disable_log_requests,

@@ -51,6 +51,7 @@ fn entry_points(module: &str) -> Vec<String> {
             "head_norm_rope",
             "silu_mul",
             "fill_uniform",
+            "qkv_prologue",
         ]),
         "cache" => {
             let mut v = typed(&["reshape_and_cache"]);
@@ -114,7 +115,14 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     funcs: HashMap<String, CudaFunction>,
+    /// cuBLAS's fixed workspace when the stream is captured into graphs
+    /// ([`Gpu::new_for_graphs`]).
+    _blas_workspace: Option<Buf<u8>>,
 }
+
+/// cuBLAS's workspace for captured products (vLLM and PyTorch give it a few
+/// MiB per stream; 32 MiB covers every product of the shapes served).
+const GRAPH_BLAS_WORKSPACE: usize = 32 << 20;
 
 impl Gpu {
     /// Whether a CUDA driver and at least one device are present.
@@ -124,8 +132,20 @@ impl Gpu {
         lib && CudaContext::device_count().map(|n| n > 0).unwrap_or(false)
     }
 
-    /// Opens device `ordinal` and loads every kernel.
+    /// Opens device `ordinal` and loads every kernel; work runs on the
+    /// context's default stream (the path validated on an H200).
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::open(ordinal, false)
+    }
+
+    /// [`Gpu::new`] for CUDA graphs (`--cuda-graphs`): a stream of its own
+    /// (the legacy default stream cannot be captured) and a fixed cuBLAS
+    /// workspace (cuBLAS must not allocate during a capture).
+    pub fn new_for_graphs(ordinal: usize) -> Result<Self> {
+        Self::open(ordinal, true)
+    }
+
+    fn open(ordinal: usize, graphs: bool) -> Result<Self> {
         // SAFETY: as above.
         if !unsafe { sys::is_culib_present() } {
             return Err(CudaError::NoDevice(
@@ -135,8 +155,33 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
         // SAFETY: nothing has been allocated yet; one stream orders all work.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        let stream = if graphs {
+            ctx.new_stream().map_err(driver_err("new_stream"))?
+        } else {
+            ctx.default_stream()
+        };
         let blas = CudaBlas::new(stream.clone()).map_err(blas_err("cublasCreate"))?;
+        let blas_workspace = if graphs {
+            let ws = stream
+                .alloc_zeros::<u8>(GRAPH_BLAS_WORKSPACE)
+                .map_err(driver_err("alloc"))?;
+            let (p, guard) = ws.device_ptr(&stream);
+            // SAFETY: `ws` lives as long as the handle (both in this Gpu)
+            // and holds GRAPH_BLAS_WORKSPACE bytes on the handle's stream.
+            unsafe {
+                blas_sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    p as *mut std::ffi::c_void,
+                    GRAPH_BLAS_WORKSPACE,
+                )
+            }
+            .result()
+            .map_err(blas_err("cublasSetWorkspace"))?;
+            drop(guard);
+            Some(ws)
+        } else {
+            None
+        };
         let mut funcs = HashMap::new();
         for (name, image) in MODULES {
             let module = ctx
@@ -160,6 +205,7 @@ impl Gpu {
             stream,
             blas,
             funcs,
+            _blas_workspace: blas_workspace,
         })
     }
 
@@ -175,6 +221,10 @@ impl Gpu {
         self.ctx
             .compute_capability()
             .map_err(driver_err("compute_capability"))
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -270,7 +320,18 @@ impl Gpu {
         pinned: &mut Option<PinnedHostSlice<f32>>,
         f: impl FnOnce(&[f32]) -> R,
     ) -> Result<R> {
-        let n = src.len();
+        self.download_pinned_at(self.ptr(src, 0), src.len(), pinned, f)
+    }
+
+    /// [`Gpu::download_pinned`] of `n` f32 at device address `src` (a view
+    /// into a larger buffer: a graph's logits).
+    pub fn download_pinned_at<R>(
+        &self,
+        src: u64,
+        n: usize,
+        pinned: &mut Option<PinnedHostSlice<f32>>,
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R> {
         if pinned.as_ref().is_none_or(|p| p.len() < n) {
             // SAFETY: the buffer is written by the copy below before it is read.
             let buf = unsafe { self.ctx.alloc_pinned::<f32>(n.next_power_of_two()) }
@@ -282,21 +343,32 @@ impl Gpu {
         };
         let dst = host.as_mut_slice().map_err(driver_err("download"))?;
         let dst = &mut dst[..n];
-        // cudarc's safe copy moves the whole destination; this buffer is
-        // larger than `src`, so copy exactly `n` values.
-        // SAFETY: `src` holds `n` f32 on this stream's device; `dst` is
-        // page-locked host memory of at least `n` values, read only after
-        // the stream is synchronised below.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(
-                dst,
-                self.ptr(src, 0),
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(driver_err("download"))?;
+        // SAFETY: the caller's `src` holds `n` f32 on this stream's device
+        // (a buffer it owns, or a view into one); `dst` is page-locked host
+        // memory of at least `n` values, read only after the stream is
+        // synchronised below.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(driver_err("download"))?;
         self.synchronize()?;
         Ok(f(dst))
+    }
+
+    /// Copies `host` into the first `host.len()` elements of `dst`.
+    pub fn upload_prefix<T: DeviceRepr>(&self, host: &[T], dst: &mut Buf<T>) -> Result<()> {
+        if host.len() > dst.len() {
+            return Err(CudaError::Unsupported(format!(
+                "{} values into a buffer of {}",
+                host.len(),
+                dst.len()
+            )));
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.slice_mut(..host.len());
+        self.stream
+            .memcpy_htod(host, &mut view)
+            .map_err(driver_err("upload"))
     }
 
     /// Device address of `buf` plus `offset` elements.

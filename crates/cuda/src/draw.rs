@@ -10,19 +10,21 @@ use agentd_runtime::BatchInput;
 
 use crate::device::{Arg, Gpu};
 use crate::error::{CudaError, Result};
+use crate::forward::StepOpts;
 use crate::model::{GpuKvCache, GpuQwen3};
 use crate::sampling::{pack, unpack, SAMPLE_THREADS};
 
 impl GpuQwen3 {
     /// One step whose logits rows are drawn on the device: `plans[i]` for
-    /// row `i` (one per logits index of `batch`).
+    /// row `i` (one per logits index of `batch`), run with `opts`.
     pub fn forward_and_draw(
         &self,
         batch: &BatchInput,
         cache: &mut GpuKvCache,
+        opts: StepOpts<'_>,
         plans: &[RowPlan],
     ) -> Result<Vec<Drawn>> {
-        let Some(l) = self.forward_device(batch, cache)? else {
+        let Some(l) = self.forward_device_after(batch, cache, opts)? else {
             self.gpu.synchronize()?;
             return Ok(Vec::new());
         };

@@ -10,11 +10,12 @@ use crate::error::{CudaError, Result};
 use crate::model::{GpuKvCache, GpuQwen3, Layer};
 use crate::ops::DecodeScratch;
 use crate::plan::{block_table_matrix, prefill_tiles, AttnShape};
+use crate::tier::GpuHostTier;
 
 /// Activations of one step, sized for `cap` tokens and reused while a step
 /// fits (allocation and zeroing per step cost more than a small decode).
 pub(crate) struct Workspace {
-    cap: usize,
+    pub(crate) cap: usize,
     residual: Buf<f32>,
     x: Buf<u16>,
     qkv: Buf<u16>,
@@ -26,7 +27,22 @@ pub(crate) struct Workspace {
 }
 
 impl Workspace {
-    fn new(gpu: &Gpu, m: &GpuQwen3, cap: usize) -> Result<Self> {
+    /// The activations' device addresses.
+    pub(crate) fn ptrs(&self, gpu: &Gpu) -> WsPtrs {
+        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
+        WsPtrs {
+            res: gpu.ptr(&self.residual, 0),
+            x: p(&self.x),
+            qkv: p(&self.qkv),
+            attn: p(&self.attn),
+            o: p(&self.o),
+            gu: p(&self.gu),
+            act: p(&self.act),
+            down: p(&self.down),
+        }
+    }
+
+    pub(crate) fn new(gpu: &Gpu, m: &GpuQwen3, cap: usize) -> Result<Self> {
         let c = &m.cfg;
         let (h, kv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let (hid, inter) = (c.hidden_size, c.intermediate_size);
@@ -50,6 +66,16 @@ pub struct DeviceLogits {
     pub rows: usize,
 }
 
+/// How a step runs beyond its batch.
+#[derive(Clone, Copy, Default)]
+pub struct StepOpts<'a> {
+    /// The host tier whose queued copies each layer waits for.
+    pub tier: Option<&'a GpuHostTier>,
+    /// Q/K norm + RoPE and the cache write in one launch
+    /// (`--fused-prologue`).
+    pub fused_prologue: bool,
+}
+
 impl DeviceLogits {
     /// The device address of the first row.
     pub fn logits_ptr(&self, gpu: &Gpu) -> u64 {
@@ -63,7 +89,19 @@ impl GpuQwen3 {
     /// The logits come back through a pinned buffer, copied once into the
     /// returned vector (what the engine's sampler reads in place).
     pub fn forward(&self, batch: &BatchInput, cache: &mut GpuKvCache) -> Result<Vec<f32>> {
-        let Some(l) = self.forward_device(batch, cache)? else {
+        self.forward_after(batch, cache, StepOpts::default())
+    }
+
+    /// [`Self::forward`] with `opts`: after the host tier's queued copies
+    /// (layer `l` waits for its own: [`GpuHostTier::wait_layer`]), with the
+    /// fused prologue.
+    pub fn forward_after(
+        &self,
+        batch: &BatchInput,
+        cache: &mut GpuKvCache,
+        opts: StepOpts<'_>,
+    ) -> Result<Vec<f32>> {
+        let Some(l) = self.forward_device_after(batch, cache, opts)? else {
             self.gpu.synchronize()?;
             return Ok(Vec::new());
         };
@@ -96,22 +134,26 @@ impl GpuQwen3 {
         batch: &BatchInput,
         cache: &mut GpuKvCache,
     ) -> Result<Option<DeviceLogits>> {
+        self.forward_device_after(batch, cache, StepOpts::default())
+    }
+
+    /// [`Self::forward_device`] with `opts`.
+    pub fn forward_device_after(
+        &self,
+        batch: &BatchInput,
+        cache: &mut GpuKvCache,
+        opts: StepOpts<'_>,
+    ) -> Result<Option<DeviceLogits>> {
         self.check_batch(batch, cache)?;
         let gpu = &*self.gpu;
-        let shape = AttnShape {
-            num_heads: self.cfg.num_attention_heads,
-            num_kv_heads: self.cfg.num_key_value_heads,
-            head_dim: self.cfg.head_dim,
-            block_size: cache.cfg.block_size,
-        };
+        let shape = self.attn_shape(cache.cfg.block_size);
         let decode = (0..batch.num_seqs()).all(|i| batch.query_len(i) == 1);
         let meta = StepMeta::upload(gpu, batch, &shape, decode)?;
         let t = batch.num_tokens();
         let max_ctx = batch.context_lens.iter().copied().max().unwrap_or(0);
         let (_, srows) = Gpu::decode_scratch_len(&shape, batch.num_seqs(), max_ctx);
         let scratch_len = if decode { srows } else { 0 };
-        let d = shape.head_dim;
-        let tmp = gpu.zeros::<f32>(scratch_len * (d + 2))?;
+        let tmp = gpu.zeros::<f32>(scratch_len * (shape.head_dim + 2))?;
         let mut guard = self.workspace.lock().map_err(|_| {
             CudaError::Unsupported("workspace lock poisoned by a failed step".into())
         })?;
@@ -121,54 +163,63 @@ impl GpuQwen3 {
         let Some(ws) = guard.as_ref() else {
             return Err(CudaError::Unsupported("workspace missing".into()));
         };
-        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
         let step = StepPtrs {
             shape,
+            fused: opts.fused_prologue,
             t,
             s: batch.num_seqs(),
             decode,
             max_ctx,
-            num_tiles: meta.num_tiles,
-            max_blocks: meta.max_blocks,
-            ids: meta.at(gpu, 0),
-            pos: meta.at(gpu, 1),
-            cu: meta.at(gpu, 2),
-            ctx: meta.at(gpu, 3),
-            tables: meta.at(gpu, 4),
-            rows: meta.at(gpu, 5),
-            tiles: meta.at(gpu, 6),
-            slots: gpu.ptr(&meta.slots, 0),
-            scratch: DecodeScratch {
-                out: gpu.ptr(&tmp, 0),
-                max: gpu.ptr(&tmp, scratch_len * d),
-                sum: gpu.ptr(&tmp, scratch_len * (d + 1)),
-            },
-            res: gpu.ptr(&ws.residual, 0),
-            x: p(&ws.x),
-            qkv: p(&ws.qkv),
-            attn: p(&ws.attn),
-            o: p(&ws.o),
-            gu: p(&ws.gu),
-            act: p(&ws.act),
-            down: p(&ws.down),
+            meta: meta.ptrs(gpu),
+            scratch: DecodeScratch::within(gpu, &tmp, scratch_len, shape.head_dim),
+            ws: ws.ptrs(gpu),
         };
+        self.run_layers(&step, cache, opts.tier)?;
+        self.head(&step, batch.logits_indices.len())
+    }
+
+    /// The attention geometry of this model over blocks of `block_size`.
+    pub(crate) fn attn_shape(&self, block_size: usize) -> AttnShape {
+        AttnShape {
+            num_heads: self.cfg.num_attention_heads,
+            num_kv_heads: self.cfg.num_key_value_heads,
+            head_dim: self.cfg.head_dim,
+            block_size,
+        }
+    }
+
+    /// The embedding and every layer of `step` (each layer after its tier
+    /// copies), queued on the stream; the last layer's MLP output is left
+    /// pending for the head.
+    pub(crate) fn run_layers(
+        &self,
+        step: &StepPtrs,
+        cache: &GpuKvCache,
+        tier: Option<&GpuHostTier>,
+    ) -> Result<()> {
+        let gpu = &*self.gpu;
+        let embed = gpu.ptr(&self.embed, 0);
+        let hidden = self.cfg.hidden_size;
         gpu.embed(
             self.dtype,
-            step.res,
-            p(&self.embed),
-            step.ids,
-            t,
-            self.cfg.hidden_size,
+            step.ws.res,
+            embed,
+            step.meta.ids,
+            step.t,
+            hidden,
         )?;
         for (l, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(&step, l, layer, cache)?;
+            if let Some(t) = tier {
+                t.wait_layer(gpu, l)?;
+            }
+            self.layer_forward(step, l, layer, cache)?;
         }
-        self.head(&step, batch.logits_indices.len())
+        Ok(())
     }
 
     /// Refuses a cache of another geometry and a batch that does not fit
     /// it or the model (`BatchInput::validate`).
-    fn check_batch(&self, batch: &BatchInput, cache: &GpuKvCache) -> Result<()> {
+    pub(crate) fn check_batch(&self, batch: &BatchInput, cache: &GpuKvCache) -> Result<()> {
         let c = &self.cfg;
         let want = KvCacheConfig::for_model(c, cache.cfg.num_blocks, cache.cfg.block_size);
         if want != cache.cfg {
@@ -189,7 +240,7 @@ impl GpuQwen3 {
 
     /// Layer `l`: attention (its K/V written through the slot mapping into
     /// the cache, then paged decode or prefill) and the MLP, both with
-    /// their residual adds pending in `step.res`.
+    /// their residual adds pending in `step.ws.res`.
     fn layer_forward(
         &self,
         step: &StepPtrs,
@@ -197,7 +248,7 @@ impl GpuQwen3 {
         layer: &Layer,
         cache: &GpuKvCache,
     ) -> Result<()> {
-        self.qkv_rope(step, l, layer)?;
+        self.qkv_rope(step, l, layer, cache)?;
         self.attend(step, l, cache)?;
         self.mlp(step, layer)
     }
@@ -205,19 +256,37 @@ impl GpuQwen3 {
     /// The pending residual add (the previous layer's MLP output) and the
     /// input norm, the QKV projection, then Q and K normed per head and
     /// rotated.
-    fn qkv_rope(&self, step: &StepPtrs, l: usize, layer: &Layer) -> Result<()> {
+    fn qkv_rope(&self, step: &StepPtrs, l: usize, layer: &Layer, cache: &GpuKvCache) -> Result<()> {
         let (gpu, dt, c, t) = (&*self.gpu, self.dtype, &self.cfg, step.t);
         let (h, kv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let (qkv_dim, hid) = ((h + 2 * kv) * d, c.hidden_size);
         let eps = c.rms_norm_eps as f32;
         let csp = gpu.ptr(&self.cos_sin, 0);
-        let (xp, qkvp, pos) = (step.x, step.qkv, step.pos);
-        let delta = (l > 0).then_some(step.down);
+        let (xp, qkvp, pos) = (step.ws.x, step.ws.qkv, step.meta.pos);
+        let delta = (l > 0).then_some(step.ws.down);
         let norm = gpu.ptr(&layer.input_norm, 0);
-        gpu.add_rms_norm(dt, step.res, delta, None, norm, xp, t, hid, eps)?;
+        gpu.add_rms_norm(dt, step.ws.res, delta, None, norm, xp, t, hid, eps)?;
         let w = gpu.ptr(&layer.qkv, 0);
         gpu.linear(dt, xp, w, qkvp, false, t, qkv_dim, hid)?;
         let q_norm = Some(gpu.ptr(&layer.q_norm, 0));
+        if step.fused {
+            let k_norm = Some(gpu.ptr(&layer.k_norm, 0));
+            let kvc = (gpu.ptr(&cache.k[l], 0), gpu.ptr(&cache.v[l], 0));
+            let (sh, slots) = (&step.shape, step.meta.slots);
+            return gpu.qkv_prologue(
+                dt,
+                qkvp,
+                (q_norm, k_norm),
+                pos,
+                csp,
+                kvc,
+                slots,
+                t,
+                h,
+                sh,
+                eps,
+            );
+        }
         gpu.head_norm_rope(dt, qkvp, q_norm, pos, csp, t, h, 0, qkv_dim, d, eps)?;
         let k_norm = Some(gpu.ptr(&layer.k_norm, 0));
         let k_at = h * d;
@@ -232,20 +301,31 @@ impl GpuQwen3 {
         let (h, kv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let qkv_dim = (h + 2 * kv) * d;
         let scale = 1.0 / (d as f32).sqrt();
-        let (shape, qkvp, attn) = (&step.shape, step.qkv, step.attn);
+        let (shape, qkvp, attn) = (&step.shape, step.ws.qkv, step.ws.attn);
         let (kc, vc) = (gpu.ptr(&cache.k[l], 0), gpu.ptr(&cache.v[l], 0));
         let (k_at, v_at) = (h * d, (h + kv) * d);
-        gpu.reshape_and_cache(
-            dt, qkvp, k_at, v_at, qkv_dim, kc, vc, step.slots, step.t, shape,
-        )?;
-        let (tp, mb, ctx) = (step.tables, step.max_blocks, step.ctx);
+        if !step.fused {
+            gpu.reshape_and_cache(
+                dt,
+                qkvp,
+                k_at,
+                v_at,
+                qkv_dim,
+                kc,
+                vc,
+                step.meta.slots,
+                step.t,
+                shape,
+            )?;
+        }
+        let (tp, mb, ctx) = (step.meta.tables, step.meta.max_blocks, step.meta.ctx);
         if step.decode {
             let (s, max_ctx, scratch) = (step.s, step.max_ctx, &step.scratch);
             gpu.paged_decode(
                 dt, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, ctx, s, max_ctx, scale, scratch,
             )
         } else {
-            let (cu, tiles, n) = (step.cu, step.tiles, step.num_tiles);
+            let (cu, tiles, n) = (step.meta.cu, step.meta.tiles, step.meta.num_tiles);
             gpu.paged_prefill(
                 dt, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, cu, ctx, tiles, n, scale,
             )
@@ -260,11 +340,11 @@ impl GpuQwen3 {
         let (hid, inter) = (c.hidden_size, c.intermediate_size);
         let hd = c.num_attention_heads * c.head_dim;
         let eps = c.rms_norm_eps as f32;
-        let (xp, o, gu, act, down) = (step.x, step.o, step.gu, step.act, step.down);
+        let (xp, o, gu, act, down) = (step.ws.x, step.ws.o, step.ws.gu, step.ws.act, step.ws.down);
         let w = |b: &Buf<u16>| gpu.ptr(b, 0);
-        gpu.linear(dt, step.attn, w(&layer.o), o, false, t, hid, hd)?;
+        gpu.linear(dt, step.ws.attn, w(&layer.o), o, false, t, hid, hd)?;
         let norm = gpu.ptr(&layer.post_norm, 0);
-        gpu.add_rms_norm(dt, step.res, Some(o), None, norm, xp, t, hid, eps)?;
+        gpu.add_rms_norm(dt, step.ws.res, Some(o), None, norm, xp, t, hid, eps)?;
         gpu.linear(dt, xp, w(&layer.gate_up), gu, false, t, 2 * inter, hid)?;
         gpu.silu_mul(dt, act, gu, t, inter)?;
         gpu.linear(dt, act, w(&layer.down), down, false, t, hid, inter)
@@ -277,29 +357,31 @@ impl GpuQwen3 {
         if n == 0 {
             return Ok(None);
         }
+        let gpu = &*self.gpu;
+        let last = gpu.zeros::<u16>(n * self.cfg.hidden_size)?;
+        let logits = gpu.zeros::<f32>(n * self.cfg.vocab_size)?;
+        self.head_into(step, n, gpu.ptr(&last, 0), gpu.ptr(&logits, 0))?;
+        Ok(Some(DeviceLogits { logits, rows: n }))
+    }
+
+    /// [`Self::head`] into given buffers: `last` holds `n × hidden` of the
+    /// dtype, `logits` `n × vocab` f32 (a graph's fixed buffers).
+    pub(crate) fn head_into(
+        &self,
+        step: &StepPtrs,
+        n: usize,
+        last: u64,
+        logits: u64,
+    ) -> Result<()> {
         let (gpu, dt, c) = (&*self.gpu, self.dtype, &self.cfg);
         let (hid, vocab) = (c.hidden_size, c.vocab_size);
-        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
-        let last = gpu.zeros::<u16>(n * hid)?;
-        let delta = (!self.layers.is_empty()).then_some(step.down);
+        let delta = (!self.layers.is_empty()).then_some(step.ws.down);
         let norm = gpu.ptr(&self.norm, 0);
         let eps = c.rms_norm_eps as f32;
-        gpu.add_rms_norm(
-            dt,
-            step.res,
-            delta,
-            Some(step.rows),
-            norm,
-            p(&last),
-            n,
-            hid,
-            eps,
-        )?;
-        let logits = gpu.zeros::<f32>(n * vocab)?;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let out = gpu.ptr(&logits, 0);
-        gpu.linear(dt, p(&last), p(head), out, true, n, vocab, hid)?;
-        Ok(Some(DeviceLogits { logits, rows: n }))
+        let rows = Some(step.meta.rows);
+        gpu.add_rms_norm(dt, step.ws.res, delta, rows, norm, last, n, hid, eps)?;
+        let head = gpu.ptr(self.lm_head.as_ref().unwrap_or(&self.embed), 0);
+        gpu.linear(dt, last, head, logits, true, n, vocab, hid)
     }
 }
 
@@ -349,9 +431,13 @@ impl StepMeta {
         })
     }
 
-    /// The device address of part `i` (the order of [`StepMeta::upload`]).
-    fn at(&self, gpu: &Gpu, i: usize) -> u64 {
-        gpu.ptr(&self.meta, self.offsets[i])
+    /// Every part's device address.
+    fn ptrs(&self, gpu: &Gpu) -> MetaPtrs {
+        MetaPtrs {
+            num_tiles: self.num_tiles,
+            max_blocks: self.max_blocks,
+            ..MetaPtrs::at(gpu, &self.meta, &self.offsets, &self.slots)
+        }
     }
 }
 
@@ -360,29 +446,64 @@ impl StepMeta {
 /// behind them outlive the step's kernels (the caller holds the metadata,
 /// the scratch and the workspace lock until every launch is queued, and
 /// the stream orders the launches before any later free).
-struct StepPtrs {
-    shape: AttnShape,
-    t: usize,
-    s: usize,
-    decode: bool,
-    max_ctx: usize,
-    num_tiles: usize,
-    max_blocks: usize,
-    ids: u64,
-    pos: u64,
-    cu: u64,
-    ctx: u64,
-    tables: u64,
-    rows: u64,
-    tiles: u64,
-    slots: u64,
-    scratch: DecodeScratch,
-    res: u64,
-    x: u64,
-    qkv: u64,
-    attn: u64,
-    o: u64,
-    gu: u64,
-    act: u64,
-    down: u64,
+pub(crate) struct StepPtrs {
+    pub shape: AttnShape,
+    /// The prologue fused (`qkv_prologue`): the cache is written there.
+    pub fused: bool,
+    pub t: usize,
+    pub s: usize,
+    pub decode: bool,
+    pub max_ctx: usize,
+    pub meta: MetaPtrs,
+    pub scratch: DecodeScratch,
+    pub ws: WsPtrs,
+}
+
+/// The batch metadata's device addresses ([`StepMeta`]'s parts, or a
+/// graph's fixed copy of them).
+#[derive(Clone, Copy)]
+pub(crate) struct MetaPtrs {
+    pub ids: u64,
+    pub pos: u64,
+    pub cu: u64,
+    pub ctx: u64,
+    pub tables: u64,
+    pub rows: u64,
+    pub tiles: u64,
+    pub slots: u64,
+    pub num_tiles: usize,
+    pub max_blocks: usize,
+}
+
+impl MetaPtrs {
+    /// The parts of a metadata buffer at `base` laid out by `offsets`
+    /// (i32 elements, [`StepMeta::upload`]'s order).
+    pub fn at(gpu: &Gpu, meta: &Buf<i32>, offsets: &[usize; 7], slots: &Buf<i64>) -> Self {
+        let at = |i: usize| gpu.ptr(meta, offsets[i]);
+        MetaPtrs {
+            ids: at(0),
+            pos: at(1),
+            cu: at(2),
+            ctx: at(3),
+            tables: at(4),
+            rows: at(5),
+            tiles: at(6),
+            slots: gpu.ptr(slots, 0),
+            num_tiles: 0,
+            max_blocks: 0,
+        }
+    }
+}
+
+/// The workspace's activation buffers as device addresses.
+#[derive(Clone, Copy)]
+pub(crate) struct WsPtrs {
+    pub res: u64,
+    pub x: u64,
+    pub qkv: u64,
+    pub attn: u64,
+    pub o: u64,
+    pub gu: u64,
+    pub act: u64,
+    pub down: u64,
 }

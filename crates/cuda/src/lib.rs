@@ -4,6 +4,8 @@
 //! dense layers, and Qwen3 on the GPU over a caller-owned paged KV cache with
 //! the same [`agentd_runtime::BatchInput`] as the CPU runtime.
 //!
+//! - [`graph_plan`]: which decode steps replay a CUDA graph, their bucket
+//!   and padded metadata. Pure, always built, tested in CI.
 //! - [`plan`]: host-side launch planning (split-K partitions, prefill tiles,
 //!   RoPE tables, shape limits). Pure, always built, tested in CI.
 //! - [`sampling`]: the device sampler's packed plans and output words
@@ -14,6 +16,9 @@
 //! - `ops` (feature `cuda`): one typed wrapper per kernel.
 //! - `model`, `forward` (feature `cuda`): [`GpuQwen3`] and [`GpuKvCache`].
 //! - `runner` (feature `cuda`): [`GpuRunner`], the engine's `StepRunner`.
+//! - [`tier_plan`]: the GPU host tier's copy schedule (runs, offsets,
+//!   bytes). Pure, always built, tested in CI; `tier` (feature `cuda`)
+//!   issues it on a copy stream.
 //!
 //! The library depends on `agentd-runtime` alone (its loader, KV geometry and
 //! RoPE tables are the CPU backend's too); the checker binary
@@ -25,9 +30,11 @@
 //! loading), so a binary built on a machine without a GPU runs on one with it.
 
 pub mod error;
+pub mod graph_plan;
 pub mod plan;
 pub mod sampling;
 pub mod stage;
+pub mod tier_plan;
 
 #[cfg(feature = "cuda")]
 mod device;
@@ -36,22 +43,30 @@ mod draw;
 #[cfg(feature = "cuda")]
 mod forward;
 #[cfg(feature = "cuda")]
+mod graph;
+#[cfg(feature = "cuda")]
 mod model;
 #[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]
 mod runner;
+#[cfg(feature = "cuda")]
+mod tier;
 
 #[cfg(feature = "cuda")]
 pub use device::{Buf, Gpu};
 #[cfg(feature = "cuda")]
-pub use forward::DeviceLogits;
+pub use forward::{DeviceLogits, StepOpts};
+#[cfg(feature = "cuda")]
+pub use graph::{DecodeGraphs, GraphLogits};
 #[cfg(feature = "cuda")]
 pub use model::{GpuKvCache, GpuQwen3};
 #[cfg(feature = "cuda")]
 pub use ops::DecodeScratch;
 #[cfg(feature = "cuda")]
 pub use runner::GpuRunner;
+#[cfg(feature = "cuda")]
+pub use tier::GpuHostTier;
 
 pub use error::{CudaError, Result};
 pub use plan::Dtype;

@@ -26,6 +26,18 @@ pub struct DecodeScratch {
     pub sum: u64,
 }
 
+impl DecodeScratch {
+    /// The three parts inside `tmp`, which holds `rows * (head_dim + 2)`
+    /// floats (`rows` from [`Gpu::decode_scratch_len`]).
+    pub fn within(gpu: &Gpu, tmp: &crate::device::Buf<f32>, rows: usize, head_dim: usize) -> Self {
+        DecodeScratch {
+            out: gpu.ptr(tmp, 0),
+            max: gpu.ptr(tmp, rows * head_dim),
+            sum: gpu.ptr(tmp, rows * (head_dim + 1)),
+        }
+    }
+}
+
 impl Gpu {
     /// `residual[t] = emb[ids[t]]` (f32).
     pub fn embed(
@@ -118,6 +130,53 @@ impl Gpu {
                 Arg::I32(i32_of("head_offset", head_offset)?),
                 Arg::I32(i32_of("row_stride", row_stride)?),
                 Arg::I32(head_dim as i32),
+                Arg::F32(eps),
+            ],
+        )
+    }
+
+    /// Q and K normed per head and rotated, K and V written to their cache
+    /// slots, in one launch (`kernels/layers.cu` `qkv_prologue`): what two
+    /// [`Gpu::head_norm_rope`] and one [`Gpu::reshape_and_cache`] do.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_prologue(
+        &self,
+        dt: Dtype,
+        qkv: u64,
+        norms: (Option<u64>, Option<u64>),
+        positions: u64,
+        cos_sin: u64,
+        cache: (u64, u64),
+        slots: u64,
+        tokens: usize,
+        num_heads: usize,
+        shape: &AttnShape,
+        eps: f32,
+    ) -> Result<()> {
+        let d = shape.head_dim;
+        if !d.is_multiple_of(2) || d > 2048 {
+            return Err(CudaError::Unsupported(format!("RoPE over head_dim {d}")));
+        }
+        let row_stride = (num_heads + 2 * shape.num_kv_heads) * d;
+        self.launch(
+            &name("qkv_prologue", dt),
+            (tokens as u32, (num_heads + shape.num_kv_heads) as u32, 1),
+            (d / 2) as u32,
+            0,
+            &[
+                Arg::Ptr(qkv),
+                Arg::Ptr(norms.0.unwrap_or(0)),
+                Arg::Ptr(norms.1.unwrap_or(0)),
+                Arg::Ptr(positions),
+                Arg::Ptr(cos_sin),
+                Arg::Ptr(cache.0),
+                Arg::Ptr(cache.1),
+                Arg::Ptr(slots),
+                Arg::I32(i32_of("heads", num_heads)?),
+                Arg::I32(i32_of("kv_heads", shape.num_kv_heads)?),
+                Arg::I32(i32_of("row_stride", row_stride)?),
+                Arg::I32(d as i32),
+                Arg::I32(i32_of("block_size", shape.block_size)?),
                 Arg::F32(eps),
             ],
         )

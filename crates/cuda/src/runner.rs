@@ -3,11 +3,15 @@
 
 use std::sync::Arc;
 
+use agentd_runtime::runner::no_host_tier;
 use agentd_runtime::sampling::device::{draw_rows, Drawn, RowPlan};
 use agentd_runtime::{BatchInput, BlockCopy, Logits, ModelError, StepRunner};
 
 use crate::error::CudaError;
+use crate::forward::StepOpts;
+use crate::graph::{DecodeGraphs, GraphLogits};
 use crate::model::{GpuKvCache, GpuQwen3};
+use crate::tier::GpuHostTier;
 
 pub struct GpuRunner {
     model: Arc<GpuQwen3>,
@@ -16,6 +20,13 @@ pub struct GpuRunner {
     /// Rows drawn on the GPU (`--device-sampling`); off: logits come back
     /// to the host sampler (the path validated on an H200).
     draw_on_device: bool,
+    /// The host KV tier (`--kv-offloading-size`), if any.
+    tier: Option<GpuHostTier>,
+    /// `--fused-prologue`.
+    fused_prologue: bool,
+    /// Decode graphs (`--cuda-graphs`; needs a [`crate::Gpu::new_for_graphs`]
+    /// device).
+    graphs: Option<DecodeGraphs>,
 }
 
 impl GpuRunner {
@@ -27,7 +38,41 @@ impl GpuRunner {
             cache,
             device,
             draw_on_device: false,
+            tier: None,
+            fused_prologue: false,
+            graphs: None,
         })
+    }
+
+    /// Runs Q/K norm + RoPE and the cache write as one kernel.
+    pub fn with_fused_prologue(mut self, on: bool) -> Self {
+        self.fused_prologue = on;
+        self
+    }
+
+    /// Replays decode steps of up to `max_batch` sequences as CUDA graphs
+    /// (the model's GPU must be [`crate::Gpu::new_for_graphs`]).
+    pub fn with_graphs(mut self, max_batch: usize, max_model_len: usize) -> Self {
+        self.graphs = Some(DecodeGraphs::new(max_batch, max_model_len));
+        self
+    }
+
+    /// A decode step replayed as a graph, if one covers it (the tier's
+    /// copies waited for first: a replay cannot wait per layer).
+    fn replay(
+        &mut self,
+        copies: &[BlockCopy],
+        batch: &BatchInput,
+    ) -> agentd_runtime::Result<Option<GraphLogits>> {
+        let Some(graphs) = self.graphs.as_mut() else {
+            return Ok(None);
+        };
+        if let (Some(t), false) = (&self.tier, copies.is_empty()) {
+            t.wait_all(self.model.gpu()).map_err(to_model_error)?;
+        }
+        self.model
+            .forward_graph(batch, &mut self.cache, graphs, self.fused_prologue)
+            .map_err(to_model_error)
     }
 
     /// Draws rows on the GPU (`kernels/sample.cu`) instead of handing the
@@ -35,6 +80,30 @@ impl GpuRunner {
     pub fn with_device_sampling(mut self, on: bool) -> Self {
         self.draw_on_device = on;
         self
+    }
+}
+
+impl GpuRunner {
+    /// Queues the tier's copies (none: nothing; copies without a tier: the
+    /// engine's error for a runner without one).
+    fn queue_copies(&mut self, copies: &[BlockCopy]) -> agentd_runtime::Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let Some(tier) = self.tier.as_mut() else {
+            return Err(no_host_tier(&self.device));
+        };
+        tier.enqueue(self.model.gpu(), &self.cache, copies)
+            .map_err(to_model_error)
+    }
+}
+
+/// A step's [`StepOpts`] from the runner's fields (borrowed apart from its
+/// cache, which the step takes mutably).
+fn opts(tier: &Option<GpuHostTier>, fused_prologue: bool) -> StepOpts<'_> {
+    StepOpts {
+        tier: tier.as_ref(),
+        fused_prologue,
     }
 }
 
@@ -50,9 +119,28 @@ fn to_model_error(e: CudaError) -> ModelError {
 
 impl StepRunner for GpuRunner {
     fn step(&mut self, batch: &BatchInput) -> agentd_runtime::Result<Logits> {
+        self.step_after_copies(&[], batch)
+    }
+
+    /// The tier's copies are queued on their own stream; each layer of the
+    /// forward waits for its own layer's copies only.
+    fn step_after_copies(
+        &mut self,
+        copies: &[BlockCopy],
+        batch: &BatchInput,
+    ) -> agentd_runtime::Result<Logits> {
+        self.queue_copies(copies)?;
+        if let Some(out) = self.replay(copies, batch)? {
+            let flat = self.model.graph_logits(&out).map_err(to_model_error)?;
+            return Logits::from_flat(flat, self.model.config().vocab_size);
+        }
         let flat = self
             .model
-            .forward(batch, &mut self.cache)
+            .forward_after(
+                batch,
+                &mut self.cache,
+                opts(&self.tier, self.fused_prologue),
+            )
             .map_err(to_model_error)?;
         if flat.is_empty() {
             return Ok(Logits::empty());
@@ -70,10 +158,48 @@ impl StepRunner for GpuRunner {
             let logits = self.step_after_copies(copies, batch)?;
             return draw_rows(&logits, plans);
         }
-        self.copy_blocks(copies)?;
+        self.queue_copies(copies)?;
+        if let Some(out) = self.replay(copies, batch)? {
+            let gpu = self.model.gpu();
+            if out.rows != plans.len() {
+                return Err(to_model_error(CudaError::Unsupported(format!(
+                    "{} logits rows for {} sampling plans",
+                    out.rows,
+                    plans.len()
+                ))));
+            }
+            let vocab = self.model.config().vocab_size;
+            return gpu
+                .sample_rows(out.ptr, vocab, plans)
+                .map_err(to_model_error);
+        }
         self.model
-            .forward_and_draw(batch, &mut self.cache, plans)
+            .forward_and_draw(
+                batch,
+                &mut self.cache,
+                opts(&self.tier, self.fused_prologue),
+                plans,
+            )
             .map_err(to_model_error)
+    }
+
+    fn enable_host_tier(&mut self, slots: usize) -> agentd_runtime::Result<()> {
+        self.model.gpu().synchronize().map_err(to_model_error)?;
+        self.tier = match slots {
+            0 => None,
+            n => Some(GpuHostTier::new(self.model.gpu(), &self.cache, n).map_err(to_model_error)?),
+        };
+        Ok(())
+    }
+
+    /// Copies with no step after them (before a weight swap): the main
+    /// stream waits for all of them.
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> agentd_runtime::Result<()> {
+        self.queue_copies(copies)?;
+        if let Some(t) = &self.tier {
+            t.wait_all(self.model.gpu()).map_err(to_model_error)?;
+        }
+        Ok(())
     }
 
     fn draws_on_device(&self) -> bool {

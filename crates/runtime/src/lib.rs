@@ -39,7 +39,7 @@ pub mod runner;
 pub mod sampling;
 pub mod tokenizer;
 
-pub use agentd_kv::BlockCopy;
+pub use agentd_kv::{BlockCopy, BlockId};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};
 pub use config::{Family, GenerationConfig, ModelConfig, Qwen3Config, WeightDtype};
 pub use error::{ModelError, Result};

@@ -1,20 +1,28 @@
 //! `agentd-gpu-check`: the device-side check of the CUDA backend, meant to run
 //! on a GPU machine from a binary built elsewhere (scripts/gpu-check.sh).
 //!
-//! 1. every kernel against its CPU reference on fresh random inputs, outputs
+//! 1. every kernel against its CPU reference (and the fused prologue
+//!    against the launches it replaces) on fresh random inputs, outputs
 //!    poisoned first so unwritten elements are caught (both bf16 and f16);
 //! 2. the golden tiny models (tests/fixtures/golden) end to end: GPU logits
 //!    against the CPU runtime and transformers, greedy tokens;
 //! 3. the device sampler against its reference, and its time against the
 //!    logits download it replaces (`--skip-sampling`);
-//! 4. decode step time at Qwen3-0.6B and -8B shapes, batch 1/32/128, against
+//! 4. the host KV tier: a round trip bit-exact and its copy bandwidth
+//!    (`--skip-tier`);
+//! 5. decode CUDA graphs against the eager step, and both timed
+//!    (`--skip-graphs`);
+//! 6. decode step time at Qwen3-0.6B and -8B shapes, batch 1/32/128, against
 //!    the HBM roofline (weight + KV bytes / measured copy bandwidth).
 //!
 //! Exits non-zero when any check fails.
 
 mod golden;
+mod graphs;
 mod kernels;
+mod prologue;
 mod sampling;
+mod tier;
 mod timing;
 
 use std::path::PathBuf;
@@ -99,10 +107,23 @@ fn main() {
         if let Err(e) = kernels::run(&gpu, &mut report) {
             report.fail("kernel checks", &e.to_string());
         }
+        if let Err(e) = prologue::run(&gpu, &mut report) {
+            report.fail("fused prologue", &e.to_string());
+        }
     }
     if !flag("--skip-sampling") {
         if let Err(e) = sampling::run(&gpu, &mut report) {
             report.fail("device sampling", &e.to_string());
+        }
+    }
+    if !flag("--skip-tier") {
+        if let Err(e) = tier::run(&gpu, &mut report) {
+            report.fail("host KV tier", &e.to_string());
+        }
+    }
+    if !flag("--skip-graphs") {
+        if let Err(e) = graphs::run(&mut report) {
+            report.fail("decode graphs", &e.to_string());
         }
     }
     if !flag("--skip-golden") {
