@@ -238,6 +238,92 @@ fn logprobs_are_sglang_triples_and_stops_say_what_matched() {
     }
 }
 
+/// SGLang's input logprobs against vLLM's `prompt_logprobs` of the same
+/// prompt on `/v1/completions` (the engine computes both the same way):
+/// `input_ids[start:]`, the first `null`, each later one the logprob of
+/// the token given those before it, with the k best; streamed too.
+#[test]
+fn input_logprobs_from_a_start_are_the_prompts_logprobs() {
+    let addr = shared();
+    let c = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}),
+    );
+    assert_eq!(c.status, 200, "{}", c.body);
+    let want = c.json()["choices"][0]["prompt_logprobs"].clone();
+    let want = want.as_array().expect("prompt_logprobs").clone();
+    let ids = id_list(&post(addr, "/tokenize", &json!({"prompt": PROMPT})).json()["tokens"]);
+    assert_eq!(want.len(), ids.len());
+    let check = |m: &Value, start: usize| {
+        let toks = m["input_token_logprobs"]
+            .as_array()
+            .expect("input_token_logprobs");
+        let tops = m["input_top_logprobs"]
+            .as_array()
+            .expect("input_top_logprobs");
+        assert_eq!(
+            (toks.len(), tops.len()),
+            (ids.len() - start, ids.len() - start),
+            "{m}"
+        );
+        assert_eq!(toks[0], json!([null, ids[start], null]));
+        assert!(tops[0].is_null());
+        for (i, (t, top)) in toks.iter().zip(tops).enumerate().skip(1) {
+            let p = start + i;
+            let entry = &want[p][ids[p].to_string()];
+            assert_eq!(t[1].as_u64(), Some(ids[p]));
+            let (got, exp) = (t[0].as_f64().unwrap(), entry["logprob"].as_f64().unwrap());
+            assert!((got - exp).abs() < 1e-5, "position {p}: {got} vs {exp}");
+            // The two best, in rank order.
+            let top = top.as_array().expect("alternatives");
+            assert_eq!(top.len(), 2);
+            for (r, alt) in top.iter().enumerate() {
+                let id = alt[1].as_u64().unwrap().to_string();
+                assert_eq!(
+                    want[p][&id]["rank"].as_u64(),
+                    Some(r as u64 + 1),
+                    "{p}: {alt}"
+                );
+            }
+        }
+    };
+    for start in [0usize, 3] {
+        let g = generate(&json!({
+            "input_ids": ids, "return_logprob": true, "logprob_start_len": start,
+            "top_logprobs_num": 2, "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        }));
+        check(&g["meta_info"], start);
+    }
+    // Streamed: every event carries them.
+    let r = post(
+        addr,
+        "/generate",
+        &json!({"input_ids": ids, "return_logprob": true, "logprob_start_len": 1,
+                "top_logprobs_num": 2, "stream": true,
+                "sampling_params": {"max_new_tokens": 3, "temperature": 0}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = r.events();
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).expect("JSON event");
+        check(&v["meta_info"], 1);
+    }
+    // With their text when asked; n > 1 outputs share them.
+    let g = generate(&json!({
+        "input_ids": ids, "return_logprob": true, "logprob_start_len": 0,
+        "return_text_in_logprobs": true,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "n": 2},
+    }));
+    let outs = g.as_array().expect("n = 2: a list");
+    for o in outs {
+        let toks = o["meta_info"]["input_token_logprobs"].as_array().unwrap();
+        assert_eq!(toks.len(), ids.len());
+        let entry = &want[1][ids[1].to_string()];
+        assert_eq!(toks[1][2], entry["decoded_token"], "{o}");
+    }
+}
+
 #[test]
 fn generate_streams_the_output_so_far() {
     let body = json!({"text": PROMPT, "stream": true,
@@ -311,7 +397,10 @@ fn bad_generate_bodies_are_4xx_json() {
         json!({"text": "a", "sampling_params": {"regex": "a+"}}),
         json!({"text": "a", "sampling_params": {"n": 0}}),
         json!({"text": "a", "image_data": "cat.png"}),
-        json!({"text": "a", "logprob_start_len": 0}),
+        json!({"text": "a", "logprob_start_len": -2}),
+        json!({"text": "a b", "return_logprob": true, "logprob_start_len": 99}),
+        json!({"text": "a b c", "return_logprob": true, "logprob_start_len": 0,
+               "stream": true, "sampling_params": {"n": 2}}),
         json!({"text": "a", "return_logprob": true, "top_logprobs_num": 99}),
         json!({"text": ["a", "b"], "rid": ["only-one"]}),
         json!({"text": ["a", "b"], "sampling_params": [{}]}),

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use agentd_runtime::PromptLogprob;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -16,6 +17,7 @@ use axum::Json;
 use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 
+use super::logprobs;
 use super::request::{sglang_names, GenerateBody, IdsSpec, OneOrMany};
 use crate::app::{parse_json, SharedState};
 use crate::choices::{self, Choice};
@@ -33,6 +35,9 @@ struct Item {
     sampling: Sampling,
     /// `Some(k)` when `return_logprob` (k = `top_logprobs_num`).
     top: Option<u32>,
+    /// The first prompt position whose logprob is reported
+    /// ([`logprobs::start`]).
+    start: usize,
     skip_special: bool,
     rid: String,
     /// The sampling dict's `n` (every prompt of a batch must agree).
@@ -103,8 +108,15 @@ pub async fn generate(
     if req.stream {
         return Ok(stream_response(shape, choices, guards));
     }
-    let done = choices::collect_all(choices).await?;
+    let mut done = choices::collect_all(choices).await?;
     drop(guards);
+    let mut inputs: Vec<Option<logprobs::Input>> = vec![None; shape.items.len()];
+    for (index, _, d) in done.iter_mut() {
+        if let Some(entries) = d.prompt_logprobs.take() {
+            let p = *index / shape.n;
+            inputs[p] = Some(input_of(&shape, p, entries).await?);
+        }
+    }
     let mut outs: Vec<Value> = done
         .into_iter()
         .map(|(index, _, d)| {
@@ -112,6 +124,7 @@ pub async fn generate(
             out.text = d.text;
             out.ids = d.token_ids;
             out.logprobs = d.logprobs;
+            out.input = inputs[index / shape.n].clone();
             out.json(&shape, Some((d.reason, d.usage)), 0)
         })
         .collect();
@@ -179,7 +192,7 @@ fn items(
     let mut out = Vec::with_capacity(count);
     for (i, ids) in prompts.into_iter().enumerate() {
         let sp = all.get(i, count, "sampling_params")?;
-        let c = sp.to_common(ids.len(), state.max_model_len)?;
+        let mut c = sp.to_common(ids.len(), state.max_model_len)?;
         let wants = match &req.return_logprob {
             Some(v) => v.get(i, count, "return_logprob")?,
             None => false,
@@ -189,6 +202,14 @@ fn items(
             None => 0,
         };
         let top = wants.then_some(k);
+        let start = match &req.logprob_start_len {
+            Some(v) => logprobs::start(v.get(i, count, "logprob_start_len")?, ids.len())?,
+            None => ids.len().saturating_sub(1),
+        };
+        if top.is_some() && start + 1 < ids.len() {
+            input_logprobs_allowed(req.stream, c.n.unwrap_or(1))?;
+            c.prompt_logprobs = Some(i64::from(k));
+        }
         let ask = sampling::Ask {
             defaults: &state.sampling_defaults,
             logprobs: top.map(|k| (k, "top_logprobs_num")),
@@ -210,6 +231,7 @@ fn items(
             ids,
             sampling: s,
             top,
+            start,
             rid,
         });
     }
@@ -250,12 +272,46 @@ fn register(
         .collect()
 }
 
+/// The engine computes a prompt's logprobs on its first choice only
+/// (`choices::submit`); the others of a non-streamed response share them,
+/// separate streams cannot.
+fn input_logprobs_allowed(stream: bool, n: u64) -> Result<(), ApiError> {
+    if stream && n > 1 {
+        return Err(ApiError::invalid(
+            "logprob_start_len",
+            "input token logprobs with stream and n > 1 are not supported: stream n = 1 requests, \
+             or ask without stream",
+        ));
+    }
+    Ok(())
+}
+
+/// Renders a prompt's input logprobs off the runtime (a position each, with
+/// its k alternatives and their text).
+async fn input_of(
+    shape: &Shape,
+    item_index: usize,
+    entries: Vec<PromptLogprob>,
+) -> Result<logprobs::Input, ApiError> {
+    let item = &shape.items[item_index];
+    let (ids, start, k) = (item.ids.clone(), item.start, item.top.unwrap_or(0));
+    let tokenizer = shape
+        .text_in_logprobs
+        .then(|| shape.state.tokenizer.clone());
+    crate::offload::run(move || {
+        logprobs::render(&ids, start, Some(&entries), k, tokenizer.as_deref())
+    })
+    .await
+}
+
 /// One output (choice) as far as it got.
 struct Output {
     index: usize,
     text: String,
     ids: Vec<u32>,
     logprobs: Vec<TokenLogprob>,
+    /// Its prompt's input logprobs, once the engine computed them.
+    input: Option<logprobs::Input>,
 }
 
 impl Output {
@@ -265,6 +321,7 @@ impl Output {
             text: String::new(),
             ids: Vec::new(),
             logprobs: Vec::new(),
+            input: None,
         }
     }
 
@@ -302,25 +359,27 @@ impl Output {
     }
 
     /// `[logprob, token_id, text]` triples (text `null` unless
-    /// `return_text_in_logprobs`). Input logprobs start at the prompt's
-    /// last token (`logprob_start_len: -1`), whose logprob is `null`.
+    /// `return_text_in_logprobs`). Input logprobs from `logprob_start_len`
+    /// ([`logprobs`]); by default only the prompt's last token, `null`.
     fn add_logprobs(&self, meta: &mut Value, shape: &Shape, item: &Item, k: u32) {
         let text = |t: &str| shape.text_in_logprobs.then(|| t.to_string());
-        let last = item.ids.last().copied();
-        let last_text = last.and_then(|t| {
-            shape
-                .text_in_logprobs
-                .then(|| shape.state.tokenizer.decode(&[t], false).ok())
-                .flatten()
+        let input = self.input.clone().or_else(|| {
+            let tokenizer = shape.text_in_logprobs.then_some(&*shape.state.tokenizer);
+            let last = item.ids.len().saturating_sub(1);
+            logprobs::render(&item.ids, last, None, k, tokenizer).ok()
         });
-        meta["input_token_logprobs"] = json!([[Value::Null, last, last_text]]);
+        if let Some(input) = input {
+            meta["input_token_logprobs"] = input.tokens;
+            if let Some(top) = input.top {
+                meta["input_top_logprobs"] = top;
+            }
+        }
         meta["output_token_logprobs"] = self
             .logprobs
             .iter()
             .map(|l| json!([l.logprob, l.id, text(&l.token)]))
             .collect();
         if k > 0 {
-            meta["input_top_logprobs"] = json!([Value::Null]);
             meta["output_top_logprobs"] = self
                 .logprobs
                 .iter()
@@ -391,7 +450,14 @@ fn choice_stream(shape: Arc<Shape>, gen: Generation, out: Output) -> BoxStream<'
         let shape = shape.clone();
         async move {
             let (mut gen, mut out) = st?;
-            match gen.next().await {
+            let step = gen.next().await;
+            if let Some(entries) = gen.take_prompt_logprobs() {
+                match input_of(&shape, out.index / shape.n, entries).await {
+                    Ok(input) => out.input = Some(input),
+                    Err(e) => tracing::warn!(error = %e, "input logprobs not rendered"),
+                }
+            }
+            match step {
                 Ok(Some(Step::Piece(p))) => {
                     out.text.push_str(&p.text);
                     out.ids.extend(p.token_ids);

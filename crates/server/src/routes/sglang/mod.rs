@@ -8,5 +8,6 @@
 
 pub mod control;
 pub mod generate;
+pub mod logprobs;
 pub mod memory;
 pub mod request;

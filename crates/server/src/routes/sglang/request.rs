@@ -137,10 +137,10 @@ impl GenerateBody {
                 OneOrMany::One(v) => vec![*v],
                 OneOrMany::Many(v) => v.clone(),
             };
-            if all.iter().any(|&s| s != -1) {
+            if all.iter().any(|&s| s < -1) {
                 return Err(ApiError::invalid(
                     "logprob_start_len",
-                    "input token logprobs are not supported: logprob_start_len must be -1",
+                    "logprob_start_len must be -1 (the last prompt token) or a prompt position",
                 ));
             }
         }
@@ -297,6 +297,9 @@ mod tests {
         assert!(b.check_unsupported().is_err());
         let b: GenerateBody =
             serde_json::from_str(r#"{"text":"a","logprob_start_len":0}"#).unwrap();
+        assert!(b.check_unsupported().is_ok());
+        let b: GenerateBody =
+            serde_json::from_str(r#"{"text":"a","logprob_start_len":[0,-2]}"#).unwrap();
         assert!(b.check_unsupported().is_err());
     }
 }
