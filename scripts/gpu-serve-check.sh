@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # On the GPU machine: `agentd serve --device cuda` end to end against
 # `agentd serve --device cpu` on the same model (the embedded tiny Qwen3 unless
-# MODEL is set). Greedy completions of both servers must agree; then
-# concurrent multi-turn programs run on the GPU server with no errors, and
-# releasing them returns its KV usage to zero.
+# MODEL is set). Greedy completions of both servers must agree; a structured
+# output (a JSON schema) must be valid on both; a seeded draw at a temperature
+# must repeat on the GPU server; then concurrent multi-turn programs run on the
+# GPU server with no errors, and releasing them returns its KV usage to zero.
+# GPU_FLAGS are added to the GPU server's command line: the paths not yet
+# validated (--device-sampling, --fused-prologue, --cuda-graphs,
+# --kv-offloading-size GiB) are checked by running this again with them.
 #
 #   AGENTD_BIN=.gpu/agentd scripts/gpu-serve-check.sh
+#   GPU_FLAGS="--device-sampling --fused-prologue --cuda-graphs" AGENTD_BIN=.gpu/agentd scripts/gpu-serve-check.sh
+#   FIRST_DEVICE=cpu GPU_FLAGS= AGENTD_BIN=target/release/agentd scripts/gpu-serve-check.sh  # the script itself, without a GPU
 set -uo pipefail
 BIN=${AGENTD_BIN:-.gpu/agentd}
 [ -x "$BIN" ] || { echo "no $BIN (cargo build --release --features cuda; strip into .gpu/)" >&2; exit 2; }
@@ -17,7 +23,8 @@ export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 logs=${OUT:-/tmp}
 model_args=()
 [ -n "${MODEL:-}" ] && model_args=(--model "$MODEL")
-"$BIN" serve "${model_args[@]}" --device "${FIRST_DEVICE:-cuda}" --port 8301 --num-kv-blocks 4096 >"$logs/serve-cuda.log" 2>&1 &
+# shellcheck disable=SC2086 # GPU_FLAGS is a list of flags
+"$BIN" serve "${model_args[@]}" --device "${FIRST_DEVICE:-cuda}" ${GPU_FLAGS:-} --port 8301 --num-kv-blocks 4096 >"$logs/serve-cuda.log" 2>&1 &
 gpu_pid=$!
 "$BIN" serve "${model_args[@]}" --device cpu --port 8302 --num-kv-blocks 4096 >"$logs/serve-cpu.log" 2>&1 &
 cpu_pid=$!
@@ -46,6 +53,36 @@ for p in prompts:
     g, c = complete(GPU, p, 24)["choices"][0]["text"], complete(CPU, p, 24)["choices"][0]["text"]
     same += g == c
 print(f"greedy completions equal on cuda and cpu: {same}/{len(prompts)}")
+# Structured output on both servers: the grammar's mask applies wherever the
+# sampler runs (on the device with --device-sampling).
+schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
+          "pick": {"enum": ["a", "b", "c"]}}, "required": ["ok", "pick"],
+          "additionalProperties": False}
+def structured(url):
+    body = {"model": model, "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "max_tokens": 64, "temperature": 0.8, "seed": 3,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+    r = requests.post(url + "/v1/chat/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]["content"]
+valid = 0
+for url in (GPU, CPU):
+    try:
+        v = json.loads(structured(url))
+        valid += isinstance(v.get("ok"), bool) and v.get("pick") in ("a", "b", "c")
+    except Exception as e:
+        print("structured output failed on", url, e)
+print(f"structured outputs valid: {valid}/2")
+# A seeded draw at a temperature repeats (per backend: the device's Philox
+# stream is not the host's ChaCha8 one).
+def seeded():
+    body = {"model": model, "prompt": prompts[0], "max_tokens": 16, "temperature": 0.8,
+            "top_p": 0.9, "seed": 11, "ignore_eos": True}
+    r = requests.post(GPU + "/v1/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+repeats = seeded() == seeded()
+print(f"seeded draw repeats on the GPU server: {repeats}")
 # Concurrent programs, three turns each, on the GPU server.
 def program(i):
     ids = [rng.randrange(1000, 20000) for _ in range(300)]
@@ -69,7 +106,8 @@ time.sleep(1)
 m = requests.get(GPU + "/metrics", timeout=10).text
 usage = [l for l in m.splitlines() if l.startswith("vllm:kv_cache_usage_perc")]
 print("after release:", usage)
-ok = same == len(prompts) and errs == 0 and usage and float(usage[0].split()[-1]) == 0.0
+ok = (same == len(prompts) and valid == 2 and repeats and errs == 0 and usage
+      and float(usage[0].split()[-1]) == 0.0)
 print("serve check", "ok" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY
