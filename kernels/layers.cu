@@ -170,3 +170,58 @@ AGENTD_BF16_F16(qkv_prologue,
                  float eps),
                 ((T*)qkv, q_w, k_w, positions, cos_sin, (T*)k_cache, (T*)v_cache, slots, heads,
                  kv_heads, row_stride, head_dim, block_size, eps))
+
+// GLM-4's pieces (Glm4ForCausalLM on the GPU):
+//
+// x[t, i] += b[i] over rows of `width` (the q/k/v projections' bias, f32),
+// grid-stride over all n = tokens * width elements.
+template <typename T>
+__device__ void add_bias_impl(T* __restrict__ x, const float* __restrict__ b, long long n,
+                              int width) {
+  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x)
+    x[k] = from_float<T>(to_float(x[k]) + b[k % width]);
+}
+AGENTD_BF16_F16(add_bias, (void* x, const float* b, long long n, int width),
+                ((T*)x, b, n, width))
+
+// In place, row r: x[r] = x[r] / rms(x[r]) * w (the sub-blocks' output norms,
+// post_self_attn_layernorm and post_mlp_layernorm, before the residual add).
+// grid: rows; block: 256 (or fewer) threads.
+template <typename T>
+__device__ void rms_norm_rows_impl(T* __restrict__ x, const float* __restrict__ w, int hidden,
+                                   float eps) {
+  __shared__ float scratch[32];
+  T* row = x + (size_t)blockIdx.x * hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = to_float(row[i]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss, scratch) / hidden + eps);
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    row[i] = from_float<T>(to_float(row[i]) * inv * w[i]);
+}
+AGENTD_BF16_F16(rms_norm_rows, (void* x, const float* w, int hidden, float eps),
+                ((T*)x, w, hidden, eps))
+
+// GLM's partial interleaved RoPE, in place: in each head, pair i is dims
+// (2i, 2i+1) of the first rot_dim, rotated by angle i; the other dims pass.
+// cos_sin: [max_pos, rot_dim] f32, the cosines then the sines.
+// grid: (tokens, heads); block: rot_dim / 2 threads.
+template <typename T>
+__device__ void head_rope_interleaved_impl(T* __restrict__ x, const int* __restrict__ positions,
+                                           const float* __restrict__ cos_sin, int head_offset,
+                                           int row_stride, int head_dim, int rot_dim) {
+  const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = rot_dim / 2;
+  T* p = x + (size_t)t * row_stride + head_offset + (size_t)h * head_dim + 2 * i;
+  const float* cs = cos_sin + (size_t)positions[t] * rot_dim;
+  const float c = cs[i], s = cs[half + i];
+  const float a = to_float(p[0]), b = to_float(p[1]);
+  p[0] = from_float<T>(a * c - b * s);
+  p[1] = from_float<T>(b * c + a * s);
+}
+AGENTD_BF16_F16(head_rope_interleaved,
+                (void* x, const int* positions, const float* cos_sin, int head_offset,
+                 int row_stride, int head_dim, int rot_dim),
+                ((T*)x, positions, cos_sin, head_offset, row_stride, head_dim, rot_dim))

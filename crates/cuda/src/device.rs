@@ -52,6 +52,9 @@ fn entry_points(module: &str) -> Vec<String> {
             "silu_mul",
             "fill_uniform",
             "qkv_prologue",
+            "add_bias",
+            "rms_norm_rows",
+            "head_rope_interleaved",
         ]),
         "cache" => {
             let mut v = typed(&["reshape_and_cache"]);

@@ -165,7 +165,7 @@ impl GpuQwen3 {
         };
         let step = StepPtrs {
             shape,
-            fused: opts.fused_prologue,
+            fused: self.fuses_prologue(opts.fused_prologue),
             t,
             s: batch.num_seqs(),
             decode,
@@ -268,9 +268,17 @@ impl GpuQwen3 {
         gpu.add_rms_norm(dt, step.ws.res, delta, None, norm, xp, t, hid, eps)?;
         let w = gpu.ptr(&layer.qkv, 0);
         gpu.linear(dt, xp, w, qkvp, false, t, qkv_dim, hid)?;
-        let q_norm = Some(gpu.ptr(&layer.q_norm, 0));
+        if let Some(b) = &layer.qkv_bias {
+            gpu.add_bias(dt, qkvp, gpu.ptr(b, 0), t, qkv_dim)?;
+        }
+        if c.family == agentd_runtime::Family::Glm4 {
+            let rot = c.rotary_dim;
+            gpu.head_rope_interleaved(dt, qkvp, pos, csp, t, h, 0, qkv_dim, d, rot)?;
+            return gpu.head_rope_interleaved(dt, qkvp, pos, csp, t, kv, h * d, qkv_dim, d, rot);
+        }
+        let q_norm = layer.q_norm.as_ref().map(|b| gpu.ptr(b, 0));
+        let k_norm = layer.k_norm.as_ref().map(|b| gpu.ptr(b, 0));
         if step.fused {
-            let k_norm = Some(gpu.ptr(&layer.k_norm, 0));
             let kvc = (gpu.ptr(&cache.k[l], 0), gpu.ptr(&cache.v[l], 0));
             let (sh, slots) = (&step.shape, step.meta.slots);
             return gpu.qkv_prologue(
@@ -288,7 +296,6 @@ impl GpuQwen3 {
             );
         }
         gpu.head_norm_rope(dt, qkvp, q_norm, pos, csp, t, h, 0, qkv_dim, d, eps)?;
-        let k_norm = Some(gpu.ptr(&layer.k_norm, 0));
         let k_at = h * d;
         gpu.head_norm_rope(dt, qkvp, k_norm, pos, csp, t, kv, k_at, qkv_dim, d, eps)
     }
@@ -343,11 +350,18 @@ impl GpuQwen3 {
         let (xp, o, gu, act, down) = (step.ws.x, step.ws.o, step.ws.gu, step.ws.act, step.ws.down);
         let w = |b: &Buf<u16>| gpu.ptr(b, 0);
         gpu.linear(dt, step.ws.attn, w(&layer.o), o, false, t, hid, hd)?;
+        if let Some(n) = &layer.attn_out_norm {
+            gpu.rms_norm_rows(dt, o, gpu.ptr(n, 0), t, hid, eps)?;
+        }
         let norm = gpu.ptr(&layer.post_norm, 0);
         gpu.add_rms_norm(dt, step.ws.res, Some(o), None, norm, xp, t, hid, eps)?;
         gpu.linear(dt, xp, w(&layer.gate_up), gu, false, t, 2 * inter, hid)?;
         gpu.silu_mul(dt, act, gu, t, inter)?;
-        gpu.linear(dt, act, w(&layer.down), down, false, t, hid, inter)
+        gpu.linear(dt, act, w(&layer.down), down, false, t, hid, inter)?;
+        match &layer.mlp_out_norm {
+            Some(n) => gpu.rms_norm_rows(dt, down, gpu.ptr(n, 0), t, hid, eps),
+            None => Ok(()),
+        }
     }
 
     /// The final norm and the LM head over the `n` rows that asked for

@@ -144,7 +144,7 @@ impl GpuQwen3 {
                 meta.max_blocks = padded.max_blocks;
                 let step = StepPtrs {
                     shape,
-                    fused: fused_prologue,
+                    fused: self.fuses_prologue(fused_prologue),
                     t: key.batch,
                     s: key.batch,
                     decode: true,

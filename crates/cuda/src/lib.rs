@@ -1,7 +1,8 @@
 //! The CUDA backend of agentd (docs/design.md §8): the kernels in `kernels/`
 //! (paged decode and prefill attention, cache write and block copy, fused
-//! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul), cuBLAS for the
-//! dense layers, and Qwen3 on the GPU over a caller-owned paged KV cache with
+//! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul, GLM-4's bias,
+//! row norms and interleaved RoPE, the sampler), cuBLAS for the dense layers,
+//! and Qwen3 and GLM-4 dense on the GPU over a caller-owned paged KV cache with
 //! the same [`agentd_runtime::BatchInput`] as the CPU runtime.
 //!
 //! - [`graph_plan`]: which decode steps replay a CUDA graph, their bucket

@@ -1,8 +1,11 @@
-//! Qwen3 dense on the GPU: the same decoder as `agentd_models::qwen3` (pre-norm
-//! GQA layers with per-head q/k RMSNorm before RoPE, SwiGLU MLP, tied or
-//! untied output head), with weights in bf16/f16, cuBLAS for the products and
-//! the kernels of `kernels/` for the rest. Like the CPU model it keeps no
-//! state between calls: each step gets the flattened batch and the cache.
+//! Qwen3 and GLM-4-0414 dense on the GPU: the same decoders as
+//! `agentd_models::qwen3` (pre-norm GQA layers with per-head q/k RMSNorm
+//! before neox RoPE, SwiGLU MLP, tied or untied output head) and
+//! `agentd_models::glm4` (q/k/v bias, no q/k norm, partial interleaved RoPE,
+//! the attention and MLP outputs RMS-normed again before the residual add),
+//! with weights in bf16/f16, cuBLAS for the products and the kernels of
+//! `kernels/` for the rest. Like the CPU model it keeps no state between
+//! calls: each step gets the flattened batch and the cache.
 //!
 //! Fusions: Q, K and V are one product (their weight rows concatenated), and
 //! gate and up are one; the residual stream stays in f32 and each RMSNorm is
@@ -15,9 +18,9 @@ use agentd_runtime::rope::inv_freq;
 use agentd_runtime::{KvCacheConfig, Qwen3Config};
 
 use crate::device::{Buf, Gpu};
-use crate::error::{CudaError, Result};
+use crate::error::Result;
 use crate::forward::Workspace;
-use crate::plan::{rope_table, AttnShape, Dtype};
+use crate::plan::{rope_table, Dtype};
 use crate::stage;
 
 pub(crate) struct Layer {
@@ -27,8 +30,14 @@ pub(crate) struct Layer {
     pub(crate) down: Buf<u16>,
     pub(crate) input_norm: Buf<f32>,
     pub(crate) post_norm: Buf<f32>,
-    pub(crate) q_norm: Buf<f32>,
-    pub(crate) k_norm: Buf<f32>,
+    /// Qwen3's per-head q/k norms.
+    pub(crate) q_norm: Option<Buf<f32>>,
+    pub(crate) k_norm: Option<Buf<f32>>,
+    /// GLM-4's q/k/v bias, concatenated like the fused product's rows.
+    pub(crate) qkv_bias: Option<Buf<f32>>,
+    /// GLM-4's `post_self_attn_layernorm` and `post_mlp_layernorm`.
+    pub(crate) attn_out_norm: Option<Buf<f32>>,
+    pub(crate) mlp_out_norm: Option<Buf<f32>>,
 }
 
 /// A paged KV cache in device memory: per layer, K and V shaped
@@ -86,27 +95,6 @@ pub struct GpuQwen3 {
     pub(crate) pinned: std::sync::Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
 }
 
-fn check_config(cfg: &Qwen3Config) -> Result<()> {
-    if cfg.family != agentd_runtime::Family::Qwen3 {
-        return Err(CudaError::Unsupported(format!(
-            "model_type {} (the CUDA backend runs qwen3 only; serve it with --device cpu)",
-            cfg.family
-        )));
-    }
-    if cfg.attention_bias {
-        return Err(CudaError::Unsupported(
-            "attention_bias (no Qwen3 checkpoint uses it)".into(),
-        ));
-    }
-    AttnShape {
-        num_heads: cfg.num_attention_heads,
-        num_kv_heads: cfg.num_key_value_heads,
-        head_dim: cfg.head_dim,
-        block_size: 1,
-    }
-    .check()
-}
-
 impl GpuQwen3 {
     /// Uploads a checkpoint mapped by the runtime's loader: matrices in `dtype`
     /// straight from the file ([`stage`]), norms in f32.
@@ -116,7 +104,7 @@ impl GpuQwen3 {
         w: &Weights,
         dtype: Dtype,
     ) -> Result<Self> {
-        check_config(&cfg)?;
+        crate::plan::supported(&cfg)?;
         let (h, kv, d) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -134,33 +122,54 @@ impl GpuQwen3 {
             }
             gpu.upload(&bits)
         };
+        let glm = cfg.family == agentd_runtime::Family::Glm4;
+        let vec = |name: &str, n: usize| -> Result<Buf<f32>> { gpu.upload(&host(name, &[n])?) };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
-            let (q, k, v) = (
-                format!("{a}.q_proj.weight"),
-                format!("{a}.k_proj.weight"),
-                format!("{a}.v_proj.weight"),
-            );
-            let (gate, up, down, o) = (
-                format!("{p}.mlp.gate_proj.weight"),
-                format!("{p}.mlp.up_proj.weight"),
-                format!("{p}.mlp.down_proj.weight"),
-                format!("{a}.o_proj.weight"),
+            let proj = |x: &str, part: &str| format!("{a}.{x}_proj.{part}");
+            let gate_up = if glm {
+                mat(&[(&format!("{p}.mlp.gate_up_proj.weight"), 2 * inter, hid)])?
+            } else {
+                let (gate, up) = (
+                    format!("{p}.mlp.gate_proj.weight"),
+                    format!("{p}.mlp.up_proj.weight"),
+                );
+                mat(&[(&gate, inter, hid), (&up, inter, hid)])?
+            };
+            let qkv_bias = if cfg.attention_bias {
+                let mut b = host(&proj("q", "bias"), &[h * d])?;
+                b.extend(host(&proj("k", "bias"), &[kv * d])?);
+                b.extend(host(&proj("v", "bias"), &[kv * d])?);
+                Some(gpu.upload(&b)?)
+            } else {
+                None
+            };
+            let norm = |n: &str| vec(&format!("{p}.{n}.weight"), hid);
+            let qk = |n: &str| -> Result<Option<Buf<f32>>> {
+                cfg.qk_norm
+                    .then(|| vec(&format!("{a}.{n}.weight"), d))
+                    .transpose()
+            };
+            let (q, k, v, o) = (
+                proj("q", "weight"),
+                proj("k", "weight"),
+                proj("v", "weight"),
+                proj("o", "weight"),
             );
             layers.push(Layer {
                 qkv: mat(&[(&q, h * d, hid), (&k, kv * d, hid), (&v, kv * d, hid)])?,
                 o: mat(&[(&o, hid, h * d)])?,
-                gate_up: mat(&[(&gate, inter, hid), (&up, inter, hid)])?,
-                down: mat(&[(&down, hid, inter)])?,
-                input_norm: gpu.upload(&host(&format!("{p}.input_layernorm.weight"), &[hid])?)?,
-                post_norm: gpu.upload(&host(
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    &[hid],
-                )?)?,
-                q_norm: gpu.upload(&host(&format!("{a}.q_norm.weight"), &[d])?)?,
-                k_norm: gpu.upload(&host(&format!("{a}.k_norm.weight"), &[d])?)?,
+                gate_up,
+                down: mat(&[(&format!("{p}.mlp.down_proj.weight"), hid, inter)])?,
+                input_norm: norm("input_layernorm")?,
+                post_norm: norm("post_attention_layernorm")?,
+                q_norm: qk("q_norm")?,
+                k_norm: qk("k_norm")?,
+                qkv_bias,
+                attn_out_norm: glm.then(|| norm("post_self_attn_layernorm")).transpose()?,
+                mlp_out_norm: glm.then(|| norm("post_mlp_layernorm")).transpose()?,
             });
         }
         let embed = mat(&[("model.embed_tokens.weight", vocab, hid)])?;
@@ -176,7 +185,7 @@ impl GpuQwen3 {
     /// A model of `cfg`'s shape with deterministic random weights made on the
     /// device (checkpoints too large to build on the host; benchmarks).
     pub fn random(gpu: Arc<Gpu>, cfg: Qwen3Config, dtype: Dtype, seed: u64) -> Result<Self> {
-        check_config(&cfg)?;
+        crate::plan::supported(&cfg)?;
         let (h, kv, d) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -192,6 +201,7 @@ impl GpuQwen3 {
             Ok(buf)
         };
         let ones = |n: usize| gpu.upload(&vec![1f32; n]);
+        let glm = cfg.family == agentd_runtime::Family::Glm4;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
             layers.push(Layer {
@@ -201,8 +211,14 @@ impl GpuQwen3 {
                 down: rand(hid, inter)?,
                 input_norm: ones(hid)?,
                 post_norm: ones(hid)?,
-                q_norm: ones(d)?,
-                k_norm: ones(d)?,
+                q_norm: cfg.qk_norm.then(|| ones(d)).transpose()?,
+                k_norm: cfg.qk_norm.then(|| ones(d)).transpose()?,
+                qkv_bias: cfg
+                    .attention_bias
+                    .then(|| gpu.zeros::<f32>((h + 2 * kv) * d))
+                    .transpose()?,
+                attn_out_norm: glm.then(|| ones(hid)).transpose()?,
+                mlp_out_norm: glm.then(|| ones(hid)).transpose()?,
             });
         }
         let embed = rand(vocab, hid)?;
@@ -238,6 +254,12 @@ impl GpuQwen3 {
             workspace: Default::default(),
             pinned: Default::default(),
         })
+    }
+
+    /// Whether `--fused-prologue` applies: the fused kernel is Qwen3's
+    /// (q/k norm, neox RoPE over whole heads).
+    pub(crate) fn fuses_prologue(&self, asked: bool) -> bool {
+        asked && self.cfg.family == agentd_runtime::Family::Qwen3
     }
 
     pub fn config(&self) -> &Qwen3Config {

@@ -182,6 +182,93 @@ impl Gpu {
         )
     }
 
+    /// `x[t, i] += bias[i]` over `tokens` rows of `width` (f32 bias).
+    pub fn add_bias(
+        &self,
+        dt: Dtype,
+        x: u64,
+        bias: u64,
+        tokens: usize,
+        width: usize,
+    ) -> Result<()> {
+        let n = tokens * width;
+        self.launch(
+            &name("add_bias", dt),
+            (stride_grid(n), 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(bias),
+                Arg::I64(n as i64),
+                Arg::I32(i32_of("width", width)?),
+            ],
+        )
+    }
+
+    /// In place: each of `rows` rows of `hidden` RMS-normed with `w`.
+    pub fn rms_norm_rows(
+        &self,
+        dt: Dtype,
+        x: u64,
+        w: u64,
+        rows: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.launch(
+            &name("rms_norm_rows", dt),
+            (rows as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(w),
+                Arg::I32(i32_of("hidden", hidden)?),
+                Arg::F32(eps),
+            ],
+        )
+    }
+
+    /// GLM's interleaved RoPE over the first `rot_dim` dims of each of
+    /// `heads` heads from `head_offset` in rows of `row_stride` (see
+    /// `kernels/layers.cu`); `cos_sin` rows are `rot_dim` wide.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_rope_interleaved(
+        &self,
+        dt: Dtype,
+        x: u64,
+        positions: u64,
+        cos_sin: u64,
+        tokens: usize,
+        heads: usize,
+        head_offset: usize,
+        row_stride: usize,
+        head_dim: usize,
+        rot_dim: usize,
+    ) -> Result<()> {
+        if !rot_dim.is_multiple_of(2) || rot_dim == 0 || rot_dim > head_dim || rot_dim > 2048 {
+            return Err(CudaError::Unsupported(format!(
+                "interleaved RoPE over {rot_dim} of {head_dim} dims"
+            )));
+        }
+        self.launch(
+            &name("head_rope_interleaved", dt),
+            (tokens as u32, heads as u32, 1),
+            (rot_dim / 2) as u32,
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(positions),
+                Arg::Ptr(cos_sin),
+                Arg::I32(i32_of("head_offset", head_offset)?),
+                Arg::I32(i32_of("row_stride", row_stride)?),
+                Arg::I32(head_dim as i32),
+                Arg::I32(rot_dim as i32),
+            ],
+        )
+    }
+
     /// `out[t, i] = silu(gu[t, i]) · gu[t, inter + i]`.
     pub fn silu_mul(
         &self,

@@ -135,6 +135,38 @@ pub fn decode_plan(shape: &AttnShape, num_seqs: usize, max_context: usize) -> De
     }
 }
 
+/// Whether the CUDA backend runs `cfg`: Qwen3 dense (q/k norm, neox RoPE
+/// over whole heads) and GLM-4-0414 dense (no q/k norm, interleaved RoPE
+/// over a leading part of each head), on an attention shape the kernels
+/// take. MoE families are refused with the way to serve them.
+pub fn supported(cfg: &agentd_runtime::ModelConfig) -> Result<()> {
+    use agentd_runtime::Family;
+    let ok = match cfg.family {
+        Family::Qwen3 => cfg.qk_norm && cfg.rotary_dim == cfg.head_dim,
+        Family::Glm4 => !cfg.qk_norm && cfg.rotary_dim <= cfg.head_dim,
+        _ => {
+            return Err(CudaError::Unsupported(format!(
+                "model_type {} (the CUDA backend runs qwen3 and glm4 dense; serve it with \
+                 --device cpu)",
+                cfg.family
+            )))
+        }
+    };
+    if !ok {
+        return Err(CudaError::Unsupported(format!(
+            "a {} config with qk_norm {} and rotary_dim {} of head_dim {}",
+            cfg.family, cfg.qk_norm, cfg.rotary_dim, cfg.head_dim
+        )));
+    }
+    AttnShape {
+        num_heads: cfg.num_attention_heads,
+        num_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        block_size: 1,
+    }
+    .check()
+}
+
 /// Prefill tiles: `(sequence, first new-token index)` pairs, each covering up
 /// to `PREFILL_ROWS / group` consecutive new tokens of one sequence.
 pub fn prefill_tiles(cu_seqlens: &[usize], group: usize) -> Vec<i32> {
@@ -188,6 +220,31 @@ pub fn block_table_matrix(tables: &[Vec<u32>]) -> (Vec<i32>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dense_qwen3_and_glm4_run_moe_families_are_refused() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden");
+        let cfg = |name: &str| agentd_runtime::ModelConfig::from_dir(&dir.join(name)).unwrap();
+        for ok in ["gqa4-tied", "gqa2-untied", "glm4-gqa2", "glm4-gqa1-tied"] {
+            assert!(supported(&cfg(ok)).is_ok(), "{ok}");
+        }
+        let glm = cfg("glm4-gqa2");
+        assert!(
+            glm.rotary_dim < glm.head_dim,
+            "a partial rotation is tested"
+        );
+        for moe in ["qwen3moe-gqa2", "glm4moe-gqa2"] {
+            let e = supported(&cfg(moe)).unwrap_err().to_string();
+            assert!(e.contains("--device cpu"), "{e}");
+        }
+        // A Qwen3 config without its q/k norms is not one the kernels know.
+        let odd = agentd_runtime::ModelConfig {
+            qk_norm: false,
+            ..cfg("gqa2-untied")
+        };
+        assert!(supported(&odd).is_err());
+    }
 
     fn shape(h: usize, kv: usize, d: usize) -> AttnShape {
         AttnShape {

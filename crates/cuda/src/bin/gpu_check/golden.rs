@@ -1,4 +1,4 @@
-//! The golden tiny Qwen3 models (tests/fixtures/golden, made by
+//! The golden tiny Qwen3 and GLM-4 models (tests/fixtures/golden, made by
 //! scripts/make_golden.py) end to end on the GPU: prefill and greedy decode
 //! steps through the paged cache, logits against the CPU runtime (f32) and
 //! against transformers, in bf16 and f16.
@@ -14,7 +14,15 @@ use serde_json::Value;
 
 use crate::{rel_l2, Report};
 
-const MODELS: [&str; 3] = ["gqa4-tied", "gqa2-untied", "gqa1-untied"];
+/// Qwen3 dense, then GLM-4-0414 dense (q/k/v bias, partial interleaved
+/// RoPE, the sub-blocks' output norms).
+const MODELS: [&str; 5] = [
+    "gqa4-tied",
+    "gqa2-untied",
+    "gqa1-untied",
+    "glm4-gqa2",
+    "glm4-gqa1-tied",
+];
 const BLOCK: usize = 16;
 
 struct Case {
