@@ -57,24 +57,34 @@ AGENTD_BF16_F16(add_rms_norm,
 // neox-style rotary embedding: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin,
 // halves of the head. cos_sin: [max_pos, head_dim] f32, cos in the first half.
 // grid: (tokens, heads); block: head_dim / 2 threads.
+// Thread i's pair (i, i + head_dim/2) of the head at p, normed (w non-null)
+// and rotated in place: what head_norm_rope and qkv_prologue share. Every
+// thread of the block must call it (the norm's block_sum synchronises).
 template <typename T>
-__device__ void head_norm_rope_impl(T* __restrict__ x, const float* __restrict__ w,
-                                    const int* __restrict__ positions,
-                                    const float* __restrict__ cos_sin, int head_offset,
-                                    int row_stride, int head_dim, float eps) {
-  __shared__ float scratch[32];
-  const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
-  T* p = x + (size_t)t * row_stride + head_offset + (size_t)h * head_dim;
+__device__ __forceinline__ void norm_rope_pair(T* p, const float* w, const float* cs, int i,
+                                               int head_dim, float eps, float* scratch) {
+  const int half = head_dim / 2;
   float a = to_float(p[i]), b = to_float(p[i + half]);
   if (w) {
     const float inv = rsqrtf(block_sum(a * a + b * b, scratch) / head_dim + eps);
     a = a * inv * w[i];
     b = b * inv * w[i + half];
   }
-  const float* cs = cos_sin + (size_t)positions[t] * head_dim;
   const float c = cs[i], s = cs[half + i];
   p[i] = from_float<T>(a * c - b * s);
   p[i + half] = from_float<T>(b * c + a * s);
+}
+
+template <typename T>
+__device__ void head_norm_rope_impl(T* __restrict__ x, const float* __restrict__ w,
+                                    const int* __restrict__ positions,
+                                    const float* __restrict__ cos_sin, int head_offset,
+                                    int row_stride, int head_dim, float eps) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x, h = blockIdx.y;
+  T* p = x + (size_t)t * row_stride + head_offset + (size_t)h * head_dim;
+  const float* cs = cos_sin + (size_t)positions[t] * head_dim;
+  norm_rope_pair(p, w, cs, threadIdx.x, head_dim, eps, scratch);
 }
 AGENTD_BF16_F16(head_norm_rope,
                 (void* x, const float* w, const int* positions, const float* cos_sin,
@@ -141,18 +151,10 @@ __device__ void qkv_prologue_impl(T* __restrict__ qkv, const float* __restrict__
   const int offset = is_k ? heads * head_dim + head * head_dim : head * head_dim;
   const float* w = is_k ? k_w : q_w;
   T* p = qkv + (size_t)t * row_stride + offset;
-  float a = to_float(p[i]), b = to_float(p[i + half]);
-  if (w) {
-    const float inv = rsqrtf(block_sum(a * a + b * b, scratch) / head_dim + eps);
-    a = a * inv * w[i];
-    b = b * inv * w[i + half];
-  }
-  const float* cs = cos_sin + (size_t)positions[t] * head_dim;
-  const float c = cs[i], s = cs[half + i];
-  const T ra = from_float<T>(a * c - b * s), rb = from_float<T>(b * c + a * s);
-  p[i] = ra;
-  p[i + half] = rb;
+  norm_rope_pair(p, w, cos_sin + (size_t)positions[t] * head_dim, i, head_dim, eps, scratch);
   if (!is_k) return;
+  // This thread's own two values, as just stored.
+  const T ra = p[i], rb = p[i + half];
   const long long slot = slots[t];
   if (slot < 0) return;
   const long long block = slot / block_size, off = slot % block_size;

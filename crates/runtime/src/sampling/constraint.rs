@@ -120,20 +120,7 @@ impl ConstraintState {
     /// Sets every token the grammar does not allow next to -inf in `row`.
     pub(crate) fn mask(&mut self, row: &mut [f32]) -> Result<()> {
         let allowed = self.matcher.compute_mask().map_err(grammar_error)?;
-        let words = allowed.as_slice();
-        for (i, chunk) in row.chunks_mut(32).enumerate() {
-            // Bit b of word i allows token 32 i + b; ids past the mask (logits
-            // padding) are never allowed.
-            let w = words.get(i).copied().unwrap_or(0);
-            if w == u32::MAX {
-                continue;
-            }
-            for (b, x) in chunk.iter_mut().enumerate() {
-                if w & (1 << b) == 0 {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-        }
+        super::device::mask_row(row, allowed.as_slice());
         Ok(())
     }
 

@@ -91,17 +91,7 @@ impl RowPlan {
     /// penalties and grammar (module docs, steps 1 and 2), in place.
     pub fn edit(&self, row: &mut [f32]) {
         if let Some(words) = &self.allowed {
-            for (i, chunk) in row.chunks_mut(32).enumerate() {
-                let w = words.get(i).copied().unwrap_or(0);
-                if w == u32::MAX {
-                    continue;
-                }
-                for (b, x) in chunk.iter_mut().enumerate() {
-                    if w & (1 << b) == 0 {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
+            mask_row(row, words);
         }
         for e in &self.edits {
             if let Some(x) = row.get_mut(e.token as usize) {
@@ -217,6 +207,23 @@ pub fn allows(words: Option<&[u32]>, token: u32) -> bool {
         w.get(token as usize / 32)
             .is_some_and(|x| x & (1 << (token % 32)) != 0)
     })
+}
+
+/// Sets every token `words` does not allow to -inf in `row` (bit `t % 32`
+/// of word `t / 32` allows token `t`; tokens past the words are not
+/// allowed): the allowed set of a plan and the grammar's mask.
+pub fn mask_row(row: &mut [f32], words: &[u32]) {
+    for (i, chunk) in row.chunks_mut(32).enumerate() {
+        let w = words.get(i).copied().unwrap_or(0);
+        if w == u32::MAX {
+            continue;
+        }
+        for (b, x) in chunk.iter_mut().enumerate() {
+            if w & (1 << b) == 0 {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
 }
 
 /// One row's draw: the token, its raw logprob and the best alternatives
