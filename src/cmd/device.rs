@@ -96,9 +96,13 @@ pub fn start_cuda(
         let window = cfg.max_model_len.unwrap_or(mc.max_position_embeddings);
         super::kv_size::check_window(kv, window, "--gpu-memory-utilization")?;
     }
+    let loader = agentd_cuda::GpuLoader {
+        gpus: models.iter().map(|m| m.gpu().clone()).collect(),
+        dtype,
+    };
     let mut runners: Vec<Box<dyn StepRunner>> = Vec::with_capacity(cfg.replicas);
-    for model in models {
-        let runner = GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?;
+    for (r, model) in models.into_iter().enumerate() {
+        let runner = GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?.with_replica(r);
         let mut runner = runner
             .with_device_sampling(paths.device_sampling)
             .with_fused_prologue(paths.fused_prologue);
@@ -108,7 +112,12 @@ pub fn start_cuda(
         }
         runners.push(Box::new(runner));
     }
-    Ok(Engine::with_runners(mc, runners, cfg)?)
+    Ok(Engine::with_runners_and_loader(
+        mc,
+        runners,
+        cfg,
+        Arc::new(loader),
+    )?)
 }
 
 /// The activation peak of the largest step the engine plans: one sequence

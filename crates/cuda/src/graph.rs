@@ -101,6 +101,13 @@ impl DecodeGraphs {
     pub fn captured(&self) -> usize {
         self.graphs.len()
     }
+
+    /// Drops every graph and the pool (new weights: the graphs hold the old
+    /// ones' addresses); the next steps capture again.
+    pub fn clear(&mut self) {
+        self.graphs.clear();
+        self.pool = None;
+    }
 }
 
 impl GpuQwen3 {

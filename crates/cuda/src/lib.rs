@@ -53,6 +53,8 @@ mod ops;
 mod runner;
 #[cfg(feature = "cuda")]
 mod tier;
+#[cfg(feature = "cuda")]
+mod weights;
 
 #[cfg(feature = "cuda")]
 pub use device::{Buf, Gpu};
@@ -68,6 +70,8 @@ pub use ops::DecodeScratch;
 pub use runner::GpuRunner;
 #[cfg(feature = "cuda")]
 pub use tier::GpuHostTier;
+#[cfg(feature = "cuda")]
+pub use weights::{GpuLoader, GpuWeights};
 
 pub use error::{CudaError, Result};
 pub use plan::Dtype;

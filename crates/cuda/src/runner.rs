@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use agentd_runtime::runner::no_host_tier;
 use agentd_runtime::sampling::device::{draw_rows, Drawn, RowPlan};
-use agentd_runtime::{BatchInput, BlockCopy, Logits, ModelError, StepRunner};
+use agentd_runtime::{BatchInput, BlockCopy, LoadedModel, Logits, ModelError, StepRunner};
 
 use crate::error::CudaError;
 use crate::forward::StepOpts;
 use crate::graph::{DecodeGraphs, GraphLogits};
 use crate::model::{GpuKvCache, GpuQwen3};
 use crate::tier::GpuHostTier;
+use crate::weights::GpuWeights;
 
 pub struct GpuRunner {
     model: Arc<GpuQwen3>,
@@ -27,6 +28,8 @@ pub struct GpuRunner {
     /// Decode graphs (`--cuda-graphs`; needs a [`crate::Gpu::new_for_graphs`]
     /// device).
     graphs: Option<DecodeGraphs>,
+    /// Which replica this is: its copy of new weights ([`GpuWeights`]).
+    replica: usize,
 }
 
 impl GpuRunner {
@@ -41,12 +44,19 @@ impl GpuRunner {
             tier: None,
             fused_prologue: false,
             graphs: None,
+            replica: 0,
         })
     }
 
     /// Runs Q/K norm + RoPE and the cache write as one kernel.
     pub fn with_fused_prologue(mut self, on: bool) -> Self {
         self.fused_prologue = on;
+        self
+    }
+
+    /// This runner serves replica `r` (it takes `r`'s copy of new weights).
+    pub fn with_replica(mut self, r: usize) -> Self {
+        self.replica = r;
         self
     }
 
@@ -198,6 +208,35 @@ impl StepRunner for GpuRunner {
         self.queue_copies(copies)?;
         if let Some(t) = &self.tier {
             t.wait_all(self.model.gpu()).map_err(to_model_error)?;
+        }
+        Ok(())
+    }
+
+    /// New weights between steps: this replica's copy, on this runner's
+    /// device; the decode graphs (which hold the old weights' addresses)
+    /// are dropped and captured again.
+    fn swap_model(&mut self, model: Arc<dyn LoadedModel>) -> agentd_runtime::Result<()> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = model;
+        let weights = any.downcast::<GpuWeights>().map_err(|_| {
+            to_model_error(CudaError::Unsupported(
+                "the weights were loaded by another backend".into(),
+            ))
+        })?;
+        let next = weights.replica(self.replica).cloned().ok_or_else(|| {
+            to_model_error(CudaError::Unsupported(format!(
+                "the new weights have no copy for replica {}",
+                self.replica
+            )))
+        })?;
+        if !Arc::ptr_eq(next.gpu(), self.model.gpu()) {
+            return Err(to_model_error(CudaError::Unsupported(
+                "the new weights are on another device".into(),
+            )));
+        }
+        self.model.gpu().synchronize().map_err(to_model_error)?;
+        self.model = next;
+        if let Some(g) = self.graphs.as_mut() {
+            g.clear();
         }
         Ok(())
     }

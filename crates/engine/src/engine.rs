@@ -175,6 +175,17 @@ impl Engine {
         Self::start(mc, runners, cfg, None)
     }
 
+    /// [`Engine::with_runners`] with a loader for weight updates (the
+    /// runners take what it loads: `StepRunner::swap_model`).
+    pub fn with_runners_and_loader(
+        mc: ModelConfig,
+        runners: Vec<Box<dyn StepRunner>>,
+        cfg: EngineConfig,
+        loader: Arc<dyn WeightLoader>,
+    ) -> Result<Self, StartError> {
+        Self::start(mc, runners, cfg, Some(loader))
+    }
+
     fn start(
         mc: ModelConfig,
         runners: Vec<Box<dyn StepRunner>>,

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use agentd_engine::{Engine, EngineConfig, Event, FinishReason, GenerateRequest, StartError};
-use agentd_models::{CpuRunner, Model};
+use agentd_models::runner::CpuLoader;
+use agentd_models::{CpuRunner, LoadDtype, Model};
 use agentd_runtime::sampling::device::{draw_rows, Drawn, RowPlan};
 use agentd_runtime::{BatchInput, Logits, ModelError, SamplingParams, StepRunner, TokenControls};
 
@@ -282,4 +283,41 @@ fn rows_drawn_by_plan_match_the_host_sampler() {
     let vocab = m.config().vocab_size as u32;
     assert!(a.iter().flat_map(|(t, _)| t).all(|t| t.0 < vocab));
     assert_ne!(a[0].0, a[1].0, "other seeds, other draws");
+}
+
+/// An engine started from bare runners (how `serve --device cuda` starts
+/// one) takes new weights when it is given a loader: the loader loads, the
+/// runners swap, and the next request runs on the new weights. Without one
+/// a weight update is refused.
+#[test]
+fn bare_runners_with_a_loader_take_new_weights() {
+    let m = model();
+    let cfg = config();
+    let dir = std::env::temp_dir().join(format!("agentd-swap-bare-{}", std::process::id()));
+    agentd_models::synth::write_random_model(m.config(), &dir, 7, None)
+        .expect("a second checkpoint");
+    let prompt: Vec<u32> = (1..30).collect();
+    let fresh = Engine::with_model(Arc::new(Model::load(&dir).expect("it loads")), cfg.clone())
+        .expect("engine");
+    let want = run(&fresh, "w", prompt.clone());
+    fresh.shutdown();
+
+    let runner = |m: &Arc<Model>| -> Box<dyn StepRunner> {
+        Box::new(CpuRunner::new(m.clone(), cfg.num_blocks, cfg.block_size, 1, "t").expect("runner"))
+    };
+    let bare =
+        Engine::with_runners(m.config().clone(), vec![runner(&m)], cfg.clone()).expect("engine");
+    assert!(bare.load_weights(&dir).is_err(), "no loader: refused");
+    bare.shutdown();
+
+    let loader = Arc::new(CpuLoader(LoadDtype::Auto));
+    let engine = Engine::with_runners_and_loader(m.config().clone(), vec![runner(&m)], cfg, loader)
+        .expect("engine");
+    let before = run(&engine, "a", prompt.clone());
+    let w = engine.load_weights(&dir).expect("the loader loads");
+    engine.swap_weights(w).expect("the runners swap");
+    assert_eq!(run(&engine, "b", prompt), want, "the new weights serve");
+    assert_ne!(before, want, "the two checkpoints differ");
+    engine.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
 }
