@@ -2,8 +2,9 @@
 # On the GPU machine: `agentd serve --device cuda` end to end against
 # `agentd serve --device cpu` on the same model (the embedded tiny Qwen3 unless
 # MODEL is set). Greedy completions of both servers must agree; a structured
-# output (a JSON schema) must be valid on both; a seeded draw at a temperature
-# must repeat on the GPU server; then concurrent multi-turn programs run on the
+# output (a JSON schema) must be valid on both; SGLang's release and resume of
+# the GPU server's memory must leave its greedy output unchanged; a seeded draw
+# at a temperature must repeat on the GPU server; then concurrent multi-turn programs run on the
 # GPU server with no errors, and releasing them returns its KV usage to zero.
 # GPU_FLAGS are added to the GPU server's command line: the paths not yet
 # validated (--device-sampling, --fused-prologue, --cuda-graphs,
@@ -53,6 +54,24 @@ for p in prompts:
     g, c = complete(GPU, p, 24)["choices"][0]["text"], complete(CPU, p, 24)["choices"][0]["text"]
     same += g == c
 print(f"greedy completions equal on cuda and cpu: {same}/{len(prompts)}")
+# SGLang's release / resume of both regions on the GPU server (the weights
+# reload from disk through the engine's loader), then greedy again.
+def gpu_mem_mib():
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return int(out[0]) if out else -1
+    except Exception:
+        return -1
+mem_before = gpu_mem_mib()
+r1 = requests.post(GPU + "/release_memory_occupation", json={}, timeout=120)
+mem_released = gpu_mem_mib()
+r2 = requests.post(GPU + "/resume_memory_occupation", json={}, timeout=300)
+same_after = complete(GPU, prompts[0], 24)["choices"][0]["text"] == complete(CPU, prompts[0], 24)["choices"][0]["text"]
+mem_ok = r1.status_code == 200 and r2.status_code == 200 and same_after
+print(f"release/resume on the GPU server: {r1.status_code}/{r2.status_code}, device memory used "
+      f"{mem_before} -> {mem_released} MiB (-1: no nvidia-smi), greedy equal after: {same_after}")
 # Structured output on both servers: the grammar's mask applies wherever the
 # sampler runs (on the device with --device-sampling).
 schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
@@ -106,7 +125,7 @@ time.sleep(1)
 m = requests.get(GPU + "/metrics", timeout=10).text
 usage = [l for l in m.splitlines() if l.startswith("vllm:kv_cache_usage_perc")]
 print("after release:", usage)
-ok = (same == len(prompts) and valid == 2 and repeats and errs == 0 and usage
+ok = (same == len(prompts) and valid == 2 and repeats and mem_ok and errs == 0 and usage
       and float(usage[0].split()[-1]) == 0.0)
 print("serve check", "ok" if ok else "FAIL")
 sys.exit(0 if ok else 1)

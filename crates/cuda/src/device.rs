@@ -280,6 +280,19 @@ impl Gpu {
             .max(free_before.saturating_sub(free_after)))
     }
 
+    /// Returns the memory the stream-ordered pool keeps for reuse to the
+    /// device (after a release: `cuMemPoolTrimTo(pool, 0)`), once the
+    /// stream's work is done.
+    pub fn trim_pool(&self) -> Result<()> {
+        self.synchronize()?;
+        let pool = self.default_pool()?;
+        // SAFETY: `pool` is this device's default pool; trimming frees only
+        // memory no allocation holds.
+        unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+            .result()
+            .map_err(driver_err("cuMemPoolTrimTo"))
+    }
+
     /// The device's default memory pool (where `cuMemAllocAsync` takes from).
     fn default_pool(&self) -> Result<sys::CUmemoryPool> {
         let mut pool = std::ptr::null_mut();

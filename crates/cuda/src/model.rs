@@ -64,6 +64,22 @@ impl GpuKvCache {
         &self.cfg
     }
 
+    /// Drops the K/V buffers (their memory goes back to the stream's pool;
+    /// `Gpu::trim_pool` returns it to the device). No step may run until
+    /// [`GpuKvCache::restore`].
+    pub fn release(&mut self) {
+        self.k = Vec::new();
+        self.v = Vec::new();
+    }
+
+    /// Zeroed buffers of the same geometry again, if released.
+    pub fn restore(&mut self, gpu: &Gpu) -> Result<()> {
+        if self.k.len() != self.cfg.num_layers {
+            *self = GpuKvCache::new(gpu, self.cfg)?;
+        }
+        Ok(())
+    }
+
     /// Fills every block with random values (benchmarks: a cache "prefilled"
     /// without running prefill).
     pub fn fill_random(&mut self, gpu: &Gpu, dt: Dtype, seed: u64) -> Result<()> {

@@ -5,8 +5,11 @@ use std::sync::Arc;
 
 use agentd_runtime::runner::no_host_tier;
 use agentd_runtime::sampling::device::{draw_rows, Drawn, RowPlan};
-use agentd_runtime::{BatchInput, BlockCopy, LoadedModel, Logits, ModelError, StepRunner};
+use agentd_runtime::{
+    BatchInput, BlockCopy, LoadedModel, Logits, MemoryTags, ModelError, StepRunner,
+};
 
+use crate::device::Gpu;
 use crate::error::CudaError;
 use crate::forward::StepOpts;
 use crate::graph::{DecodeGraphs, GraphLogits};
@@ -15,7 +18,10 @@ use crate::tier::GpuHostTier;
 use crate::weights::GpuWeights;
 
 pub struct GpuRunner {
-    model: Arc<GpuQwen3>,
+    /// `None` while the weights are released (`release_memory`).
+    model: Option<Arc<GpuQwen3>>,
+    gpu: Arc<Gpu>,
+    /// Its buffers are dropped while the KV cache is released.
     cache: GpuKvCache,
     device: String,
     /// Rows drawn on the GPU (`--device-sampling`); off: logits come back
@@ -37,7 +43,8 @@ impl GpuRunner {
         let cache = model.new_cache(num_blocks, block_size)?;
         let device = format!("cuda ({})", model.gpu().name());
         Ok(GpuRunner {
-            model,
+            gpu: model.gpu().clone(),
+            model: Some(model),
             cache,
             device,
             draw_on_device: false,
@@ -78,9 +85,10 @@ impl GpuRunner {
             return Ok(None);
         };
         if let (Some(t), false) = (&self.tier, copies.is_empty()) {
-            t.wait_all(self.model.gpu()).map_err(to_model_error)?;
+            t.wait_all(&self.gpu).map_err(to_model_error)?;
         }
-        self.model
+        let model = self.model.as_ref().ok_or_else(released)?;
+        model
             .forward_graph(batch, &mut self.cache, graphs, self.fused_prologue)
             .map_err(to_model_error)
     }
@@ -103,8 +111,45 @@ impl GpuRunner {
         let Some(tier) = self.tier.as_mut() else {
             return Err(no_host_tier(&self.device));
         };
-        tier.enqueue(self.model.gpu(), &self.cache, copies)
+        tier.enqueue(&self.gpu, &self.cache, copies)
             .map_err(to_model_error)
+    }
+
+    /// Takes `weights`' copy for this replica (a swap or a resume), on this
+    /// runner's device; the decode graphs, which hold the old weights'
+    /// addresses, are dropped and captured again.
+    fn take_weights(&mut self, weights: Arc<dyn LoadedModel>) -> agentd_runtime::Result<()> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = weights;
+        let weights = any.downcast::<GpuWeights>().map_err(|_| {
+            to_model_error(CudaError::Unsupported(
+                "the weights were loaded by another backend".into(),
+            ))
+        })?;
+        let next = weights.replica(self.replica).cloned().ok_or_else(|| {
+            to_model_error(CudaError::Unsupported(format!(
+                "the new weights have no copy for replica {}",
+                self.replica
+            )))
+        })?;
+        if !Arc::ptr_eq(next.gpu(), &self.gpu) {
+            return Err(to_model_error(CudaError::Unsupported(
+                "the new weights are on another device".into(),
+            )));
+        }
+        self.gpu.synchronize().map_err(to_model_error)?;
+        self.model = Some(next);
+        if let Some(g) = self.graphs.as_mut() {
+            g.clear();
+        }
+        Ok(())
+    }
+}
+
+/// The error of a step while the weights are released.
+fn released() -> ModelError {
+    ModelError::Backend {
+        backend: "cuda",
+        message: "the weights are released (resume_memory_occupation first)".into(),
     }
 }
 
@@ -141,11 +186,12 @@ impl StepRunner for GpuRunner {
     ) -> agentd_runtime::Result<Logits> {
         self.queue_copies(copies)?;
         if let Some(out) = self.replay(copies, batch)? {
-            let flat = self.model.graph_logits(&out).map_err(to_model_error)?;
-            return Logits::from_flat(flat, self.model.config().vocab_size);
+            let model = self.model.as_ref().ok_or_else(released)?;
+            let flat = model.graph_logits(&out).map_err(to_model_error)?;
+            return Logits::from_flat(flat, model.config().vocab_size);
         }
-        let flat = self
-            .model
+        let model = self.model.as_ref().ok_or_else(released)?;
+        let flat = model
             .forward_after(
                 batch,
                 &mut self.cache,
@@ -155,7 +201,7 @@ impl StepRunner for GpuRunner {
         if flat.is_empty() {
             return Ok(Logits::empty());
         }
-        Logits::from_flat(flat, self.model.config().vocab_size)
+        Logits::from_flat(flat, model.config().vocab_size)
     }
 
     fn step_and_draw(
@@ -170,7 +216,7 @@ impl StepRunner for GpuRunner {
         }
         self.queue_copies(copies)?;
         if let Some(out) = self.replay(copies, batch)? {
-            let gpu = self.model.gpu();
+            let model = self.model.as_ref().ok_or_else(released)?;
             if out.rows != plans.len() {
                 return Err(to_model_error(CudaError::Unsupported(format!(
                     "{} logits rows for {} sampling plans",
@@ -178,12 +224,14 @@ impl StepRunner for GpuRunner {
                     plans.len()
                 ))));
             }
-            let vocab = self.model.config().vocab_size;
-            return gpu
+            let vocab = model.config().vocab_size;
+            return self
+                .gpu
                 .sample_rows(out.ptr, vocab, plans)
                 .map_err(to_model_error);
         }
-        self.model
+        let model = self.model.as_ref().ok_or_else(released)?;
+        model
             .forward_and_draw(
                 batch,
                 &mut self.cache,
@@ -194,10 +242,10 @@ impl StepRunner for GpuRunner {
     }
 
     fn enable_host_tier(&mut self, slots: usize) -> agentd_runtime::Result<()> {
-        self.model.gpu().synchronize().map_err(to_model_error)?;
+        self.gpu.synchronize().map_err(to_model_error)?;
         self.tier = match slots {
             0 => None,
-            n => Some(GpuHostTier::new(self.model.gpu(), &self.cache, n).map_err(to_model_error)?),
+            n => Some(GpuHostTier::new(&self.gpu, &self.cache, n).map_err(to_model_error)?),
         };
         Ok(())
     }
@@ -207,36 +255,54 @@ impl StepRunner for GpuRunner {
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> agentd_runtime::Result<()> {
         self.queue_copies(copies)?;
         if let Some(t) = &self.tier {
-            t.wait_all(self.model.gpu()).map_err(to_model_error)?;
+            t.wait_all(&self.gpu).map_err(to_model_error)?;
         }
         Ok(())
     }
 
-    /// New weights between steps: this replica's copy, on this runner's
-    /// device; the decode graphs (which hold the old weights' addresses)
-    /// are dropped and captured again.
+    /// New weights between steps ([`GpuRunner::take_weights`]).
     fn swap_model(&mut self, model: Arc<dyn LoadedModel>) -> agentd_runtime::Result<()> {
-        let any: Arc<dyn std::any::Any + Send + Sync> = model;
-        let weights = any.downcast::<GpuWeights>().map_err(|_| {
-            to_model_error(CudaError::Unsupported(
-                "the weights were loaded by another backend".into(),
-            ))
-        })?;
-        let next = weights.replica(self.replica).cloned().ok_or_else(|| {
-            to_model_error(CudaError::Unsupported(format!(
-                "the new weights have no copy for replica {}",
-                self.replica
-            )))
-        })?;
-        if !Arc::ptr_eq(next.gpu(), self.model.gpu()) {
-            return Err(to_model_error(CudaError::Unsupported(
-                "the new weights are on another device".into(),
-            )));
+        self.take_weights(model)
+    }
+
+    /// Gives the KV pool's device memory (the engine flushed every block
+    /// first) and this replica's weights back, then trims the device's
+    /// stream-ordered pool so the memory returns to the device (SGLang's
+    /// `release_memory_occupation`). The host tier's pinned memory stays.
+    fn release_memory(&mut self, tags: MemoryTags) -> agentd_runtime::Result<()> {
+        if let Some(t) = &self.tier {
+            t.wait_all(&self.gpu).map_err(to_model_error)?;
         }
-        self.model.gpu().synchronize().map_err(to_model_error)?;
-        self.model = next;
+        self.gpu.synchronize().map_err(to_model_error)?;
         if let Some(g) = self.graphs.as_mut() {
             g.clear();
+        }
+        if tags.kv_cache {
+            self.cache.release();
+        }
+        if tags.weights {
+            self.model = None;
+        }
+        self.gpu.trim_pool().map_err(to_model_error)
+    }
+
+    /// A zeroed KV pool of the same geometry, and `weights` (loaded by the
+    /// engine's loader) when the weights were released.
+    fn resume_memory(
+        &mut self,
+        tags: MemoryTags,
+        weights: Option<Arc<dyn LoadedModel>>,
+    ) -> agentd_runtime::Result<()> {
+        if tags.weights {
+            let w = weights.ok_or_else(|| {
+                to_model_error(CudaError::Unsupported(
+                    "resuming the weights needs the loaded weights".into(),
+                ))
+            })?;
+            self.take_weights(w)?;
+        }
+        if tags.kv_cache {
+            self.cache.restore(&self.gpu).map_err(to_model_error)?;
         }
         Ok(())
     }
