@@ -35,7 +35,7 @@ pub fn start_cuda(
 ) -> Result<Engine> {
     use std::sync::Arc;
 
-    use agentd_cuda::{Dtype, Gpu, GpuQwen3, GpuRunner};
+    use agentd_cuda::{Dtype, Gpu, GpuModel, GpuRunner};
     use agentd_models::loader::Weights;
     use agentd_runtime::{ModelConfig, StepRunner, WeightDtype};
     use anyhow::Context;
@@ -68,7 +68,7 @@ pub fn start_cuda(
         let gpu = Arc::new(open(r).with_context(|| format!("opening CUDA device {r}"))?);
         let (free_at_start, total) = gpu.memory()?;
         tracing::info!(replica = r, device = %gpu.name(), "uploading weights");
-        let model = Arc::new(GpuQwen3::from_weights(
+        let model = Arc::new(GpuModel::from_weights(
             gpu.clone(),
             mc.clone(),
             &weights,
@@ -127,7 +127,7 @@ pub fn start_cuda(
 #[cfg(feature = "cuda")]
 fn profile_step(
     gpu: &agentd_cuda::Gpu,
-    model: &std::sync::Arc<agentd_cuda::GpuQwen3>,
+    model: &std::sync::Arc<agentd_cuda::GpuModel>,
     cfg: &EngineConfig,
 ) -> Result<u64> {
     use agentd_runtime::{BatchBuilder, LogitsFor, StepRunner};

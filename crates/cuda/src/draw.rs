@@ -11,10 +11,10 @@ use agentd_runtime::BatchInput;
 use crate::device::{Arg, Gpu};
 use crate::error::{CudaError, Result};
 use crate::forward::StepOpts;
-use crate::model::{GpuKvCache, GpuQwen3};
+use crate::model::{GpuKvCache, GpuModel};
 use crate::sampling::{pack, unpack, SAMPLE_THREADS};
 
-impl GpuQwen3 {
+impl GpuModel {
     /// One step whose logits rows are drawn on the device: `plans[i]` for
     /// row `i` (one per logits index of `batch`), run with `opts`.
     pub fn forward_and_draw(

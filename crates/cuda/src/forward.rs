@@ -1,4 +1,4 @@
-//! One forward step of [`GpuQwen3`]: the batch metadata goes up in two
+//! One forward step of [`GpuModel`]: the batch metadata goes up in two
 //! copies, every layer runs as cuBLAS products and the kernels of `kernels/`
 //! on the one stream, and the logits of the rows that asked for them stay on
 //! the device until the caller downloads them.
@@ -7,7 +7,7 @@ use agentd_runtime::{BatchInput, KvCacheConfig, ModelError};
 
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::model::{GpuKvCache, GpuQwen3, Layer};
+use crate::model::{GpuKvCache, GpuModel, Layer};
 use crate::ops::DecodeScratch;
 use crate::plan::{block_table_matrix, prefill_tiles, AttnShape};
 use crate::tier::GpuHostTier;
@@ -42,7 +42,7 @@ impl Workspace {
         }
     }
 
-    pub(crate) fn new(gpu: &Gpu, m: &GpuQwen3, cap: usize) -> Result<Self> {
+    pub(crate) fn new(gpu: &Gpu, m: &GpuModel, cap: usize) -> Result<Self> {
         let c = &m.cfg;
         let (h, kv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let (hid, inter) = (c.hidden_size, c.intermediate_size);
@@ -60,7 +60,7 @@ impl Workspace {
     }
 }
 
-/// Logits left on the device by [`GpuQwen3::forward_device`].
+/// Logits left on the device by [`GpuModel::forward_device`].
 pub struct DeviceLogits {
     pub logits: Buf<f32>,
     pub rows: usize,
@@ -83,7 +83,7 @@ impl DeviceLogits {
     }
 }
 
-impl GpuQwen3 {
+impl GpuModel {
     /// One step: writes the new tokens' K/V through the slot mapping and
     /// returns f32 logits `[batch.logits_indices.len() * vocab]`, row-major.
     /// The logits come back through a pinned buffer, copied once into the

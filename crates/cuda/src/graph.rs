@@ -22,7 +22,7 @@ use crate::device::{driver_err, Buf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::forward::{MetaPtrs, StepPtrs, Workspace};
 use crate::graph_plan::{capture_sizes, key_for, pad_decode, GraphKey};
-use crate::model::{GpuKvCache, GpuQwen3};
+use crate::model::{GpuKvCache, GpuModel};
 use crate::ops::DecodeScratch;
 
 /// What a pool must hold for one key.
@@ -110,7 +110,7 @@ impl DecodeGraphs {
     }
 }
 
-impl GpuQwen3 {
+impl GpuModel {
     /// Runs `batch` by replaying its decode graph (captured first if this
     /// is its key's first step); `None` when the step is not one a graph
     /// covers (the caller runs it eagerly). The host tier's copies must be

@@ -15,7 +15,7 @@
 //!   device dtype (bf16 stays bf16: no f32 stage). Always built, tested in CI.
 //! - `device` (feature `cuda`): context, stream, embedded kernels, cuBLAS.
 //! - `ops` (feature `cuda`): one typed wrapper per kernel.
-//! - `model`, `forward` (feature `cuda`): [`GpuQwen3`] and [`GpuKvCache`].
+//! - `model`, `forward` (feature `cuda`): [`GpuModel`] and [`GpuKvCache`].
 //! - `runner` (feature `cuda`): [`GpuRunner`], the engine's `StepRunner`.
 //! - [`tier_plan`]: the GPU host tier's copy schedule (runs, offsets,
 //!   bytes). Pure, always built, tested in CI; `tier` (feature `cuda`)
@@ -63,7 +63,7 @@ pub use forward::{DeviceLogits, StepOpts};
 #[cfg(feature = "cuda")]
 pub use graph::{DecodeGraphs, GraphLogits};
 #[cfg(feature = "cuda")]
-pub use model::{GpuKvCache, GpuQwen3};
+pub use model::{GpuKvCache, GpuModel};
 #[cfg(feature = "cuda")]
 pub use ops::DecodeScratch;
 #[cfg(feature = "cuda")]

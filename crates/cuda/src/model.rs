@@ -95,7 +95,9 @@ impl GpuKvCache {
     }
 }
 
-pub struct GpuQwen3 {
+/// A dense decoder on one GPU (Qwen3 or GLM-4-0414, by its config's family;
+/// `plan::supported`).
+pub struct GpuModel {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) cfg: Qwen3Config,
     pub(crate) dtype: Dtype,
@@ -111,7 +113,7 @@ pub struct GpuQwen3 {
     pub(crate) pinned: std::sync::Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
 }
 
-impl GpuQwen3 {
+impl GpuModel {
     /// Uploads a checkpoint mapped by the runtime's loader: matrices in `dtype`
     /// straight from the file ([`stage`]), norms in f32.
     pub fn from_weights(
@@ -258,7 +260,7 @@ impl GpuQwen3 {
         layers: Vec<Layer>,
     ) -> Result<Self> {
         let cos_sin = gpu.upload(&rope_table(&inv_freq(&cfg), cfg.max_position_embeddings))?;
-        Ok(GpuQwen3 {
+        Ok(GpuModel {
             gpu,
             cfg,
             dtype,

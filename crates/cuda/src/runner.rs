@@ -13,13 +13,13 @@ use crate::device::Gpu;
 use crate::error::CudaError;
 use crate::forward::StepOpts;
 use crate::graph::{DecodeGraphs, GraphLogits};
-use crate::model::{GpuKvCache, GpuQwen3};
+use crate::model::{GpuKvCache, GpuModel};
 use crate::tier::GpuHostTier;
 use crate::weights::GpuWeights;
 
 pub struct GpuRunner {
     /// `None` while the weights are released (`release_memory`).
-    model: Option<Arc<GpuQwen3>>,
+    model: Option<Arc<GpuModel>>,
     gpu: Arc<Gpu>,
     /// Its buffers are dropped while the KV cache is released.
     cache: GpuKvCache,
@@ -39,7 +39,7 @@ pub struct GpuRunner {
 }
 
 impl GpuRunner {
-    pub fn new(model: Arc<GpuQwen3>, num_blocks: usize, block_size: usize) -> crate::Result<Self> {
+    pub fn new(model: Arc<GpuModel>, num_blocks: usize, block_size: usize) -> crate::Result<Self> {
         let cache = model.new_cache(num_blocks, block_size)?;
         let device = format!("cuda ({})", model.gpu().name());
         Ok(GpuRunner {

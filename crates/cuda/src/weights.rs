@@ -14,7 +14,7 @@ use agentd_runtime::loader::Weights;
 use agentd_runtime::{LoadedModel, ModelConfig, ModelError, StepRunner, WeightLoader};
 
 use crate::device::Gpu;
-use crate::model::GpuQwen3;
+use crate::model::GpuModel;
 use crate::plan::Dtype;
 
 /// Loads checkpoints onto each replica's GPU (replica `r` on `gpus[r]`).
@@ -28,13 +28,13 @@ pub struct GpuLoader {
 pub struct GpuWeights {
     cfg: ModelConfig,
     /// Replica `r`'s copy, on `loader.gpus[r]`.
-    models: Vec<Arc<GpuQwen3>>,
+    models: Vec<Arc<GpuModel>>,
     loader: GpuLoader,
 }
 
 impl GpuWeights {
     /// Replica `r`'s copy.
-    pub fn replica(&self, r: usize) -> Option<&Arc<GpuQwen3>> {
+    pub fn replica(&self, r: usize) -> Option<&Arc<GpuModel>> {
         self.models.get(r)
     }
 }
@@ -54,7 +54,7 @@ impl WeightLoader for GpuLoader {
             .gpus
             .iter()
             .map(|g| {
-                GpuQwen3::from_weights(g.clone(), cfg.clone(), &w, self.dtype)
+                GpuModel::from_weights(g.clone(), cfg.clone(), &w, self.dtype)
                     .map(Arc::new)
                     .map_err(|e| backend(e.to_string()))
             })

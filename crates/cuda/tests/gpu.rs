@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agentd_cuda::{Dtype, Gpu, GpuQwen3};
+use agentd_cuda::{Dtype, Gpu, GpuModel};
 use agentd_models::Qwen3Model;
 use agentd_runtime::loader::Weights;
 use agentd_runtime::{BatchBuilder, LogitsFor, Qwen3Config};
@@ -34,7 +34,7 @@ fn golden_model_on_the_gpu_matches_the_cpu_runtime() {
     let cfg = Qwen3Config::from_dir(&dir).expect("config");
     let weights = Weights::from_dir(&dir, &candle_core::Device::Cpu).expect("weights");
     let cpu = Qwen3Model::from_weights(cfg.clone(), &weights).expect("cpu model");
-    let model = GpuQwen3::from_weights(gpu, cfg, &weights, Dtype::F16).expect("gpu model");
+    let model = GpuModel::from_weights(gpu, cfg, &weights, Dtype::F16).expect("gpu model");
     let (mut gc, mut cc) = (
         model.new_cache(8, 16).expect("cache"),
         cpu.new_cache(8, 16).expect("cache"),

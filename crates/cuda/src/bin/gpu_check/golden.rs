@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use agentd_cuda::{Dtype, Gpu, GpuQwen3, Result};
+use agentd_cuda::{Dtype, Gpu, GpuModel, Result};
 use agentd_models::loader::Weights;
 use agentd_models::Qwen3Model;
 use agentd_runtime::{BatchBuilder, LogitsFor, Qwen3Config};
@@ -95,7 +95,7 @@ pub fn run(gpu: &Arc<Gpu>, fixtures: &Path, report: &mut Report) -> Result<()> {
         let weights = Weights::from_dir(&dir, &candle_core::Device::Cpu)?;
         let cpu = Qwen3Model::from_weights(cfg.clone(), &weights)?;
         for dt in [Dtype::Bf16, Dtype::F16] {
-            let model = GpuQwen3::from_weights(gpu.clone(), cfg.clone(), &weights, dt)?;
+            let model = GpuModel::from_weights(gpu.clone(), cfg.clone(), &weights, dt)?;
             let (mut worst_cpu, mut worst_hf, mut same, mut steps) = (0f64, 0f64, 0usize, 0usize);
             for case in &cases {
                 let nb = (case.ids.len() + case.greedy.len()).div_ceil(BLOCK) + 1;

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use agentd_cuda::{DecodeGraphs, Dtype, Gpu, GpuKvCache, GpuQwen3, Result};
+use agentd_cuda::{DecodeGraphs, Dtype, Gpu, GpuKvCache, GpuModel, Result};
 use agentd_models::synth::ModelCard;
 use agentd_runtime::{BatchBuilder, BatchInput, LogitsFor};
 
@@ -54,7 +54,7 @@ pub fn run(report: &mut Report) -> Result<()> {
     println!("\n| model | batch | eager ms | graph ms | speed-up |\n|---|---|---|---|---|");
     for card in ["models/qwen3-0.6b.json", "models/qwen3-8b.json"] {
         let cfg = ModelCard::from_file(Path::new(card))?.config;
-        let model = GpuQwen3::random(gpu.clone(), cfg.clone(), Dtype::Bf16, 11)?;
+        let model = GpuModel::random(gpu.clone(), cfg.clone(), Dtype::Bf16, 11)?;
         for b in [1usize, 32, 128] {
             let per_seq = (CONTEXT + 1).div_ceil(BLOCK);
             let mut cache: GpuKvCache = model.new_cache(b * per_seq, BLOCK)?;

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use agentd_cuda::{Dtype, Gpu, GpuHostTier, GpuQwen3, Result};
+use agentd_cuda::{Dtype, Gpu, GpuHostTier, GpuModel, Result};
 use agentd_models::synth::ModelCard;
 use agentd_runtime::{BlockCopy, BlockId};
 
@@ -14,7 +14,7 @@ use crate::Report;
 
 pub fn run(gpu: &Arc<Gpu>, report: &mut Report) -> Result<()> {
     let cfg = ModelCard::from_file(Path::new("models/qwen3-0.6b.json"))?.config;
-    let model = GpuQwen3::random(gpu.clone(), cfg, Dtype::Bf16, 3)?;
+    let model = GpuModel::random(gpu.clone(), cfg, Dtype::Bf16, 3)?;
     let blocks = 4096;
     let mut cache = model.new_cache(blocks, 16)?;
     cache.fill_random(gpu, Dtype::Bf16, 21)?;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentd_cuda::{Dtype, Gpu, GpuQwen3, Result};
+use agentd_cuda::{Dtype, Gpu, GpuModel, Result};
 use agentd_models::synth::ModelCard;
 use agentd_runtime::{BatchBuilder, LogitsFor};
 
@@ -56,7 +56,7 @@ pub fn run(gpu: &Arc<Gpu>, batches: &[usize], context: usize, report: &mut Repor
             .unwrap_or(card)
             .to_string();
         println!("building {name} with random weights on the device...");
-        let model = GpuQwen3::random(gpu.clone(), cfg.clone(), Dtype::Bf16, 11)?;
+        let model = GpuModel::random(gpu.clone(), cfg.clone(), Dtype::Bf16, 11)?;
         let kv_bytes_per_token =
             2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2;
         for &b in batches {
