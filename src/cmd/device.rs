@@ -35,9 +35,9 @@ pub fn start_cuda(
 ) -> Result<Engine> {
     use std::sync::Arc;
 
-    use agentd_cuda::{Dtype, Gpu, GpuModel, GpuRunner};
+    use agentd_cuda::{Dtype, Gpu, GpuModel};
     use agentd_models::loader::Weights;
-    use agentd_runtime::{ModelConfig, StepRunner, WeightDtype};
+    use agentd_runtime::{ModelConfig, WeightDtype};
     use anyhow::Context;
 
     let mc = ModelConfig::from_dir(model_dir)
@@ -100,24 +100,37 @@ pub fn start_cuda(
         gpus: models.iter().map(|m| m.gpu().clone()).collect(),
         dtype,
     };
-    let mut runners: Vec<Box<dyn StepRunner>> = Vec::with_capacity(cfg.replicas);
-    for (r, model) in models.into_iter().enumerate() {
-        let runner = GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?.with_replica(r);
-        let mut runner = runner
-            .with_device_sampling(paths.device_sampling)
-            .with_fused_prologue(paths.fused_prologue);
-        if paths.graphs {
-            let window = cfg.max_model_len.unwrap_or(mc.max_position_embeddings);
-            runner = runner.with_graphs(cfg.scheduler.max_running.saturating_mul(2), window);
-        }
-        runners.push(Box::new(runner));
-    }
+    let window = cfg.max_model_len.unwrap_or(mc.max_position_embeddings);
+    let runners = runners(models, &cfg, paths, window)?;
     Ok(Engine::with_runners_and_loader(
         mc,
         runners,
         cfg,
         Arc::new(loader),
     )?)
+}
+
+/// One runner per replica's model, with the paths `paths` turns on
+/// (`window`: the longest context a decode graph covers).
+#[cfg(feature = "cuda")]
+fn runners(
+    models: Vec<std::sync::Arc<agentd_cuda::GpuModel>>,
+    cfg: &EngineConfig,
+    paths: GpuPaths,
+    window: usize,
+) -> Result<Vec<Box<dyn agentd_runtime::StepRunner>>> {
+    let mut out: Vec<Box<dyn agentd_runtime::StepRunner>> = Vec::with_capacity(models.len());
+    for (r, model) in models.into_iter().enumerate() {
+        let mut runner = agentd_cuda::GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?
+            .with_replica(r)
+            .with_device_sampling(paths.device_sampling)
+            .with_fused_prologue(paths.fused_prologue);
+        if paths.graphs {
+            runner = runner.with_graphs(cfg.scheduler.max_running.saturating_mul(2), window);
+        }
+        out.push(Box::new(runner));
+    }
+    Ok(out)
 }
 
 /// The activation peak of the largest step the engine plans: one sequence
