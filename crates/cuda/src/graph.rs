@@ -21,33 +21,9 @@ use cudarc::driver::{sys, CudaGraph};
 use crate::device::{driver_err, Buf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::forward::{MetaPtrs, StepPtrs, Workspace};
-use crate::graph_plan::{capture_sizes, key_for, pad_decode, GraphKey};
+use crate::graph_plan::{capture_sizes, key_for, pad_decode, GraphKey, PoolNeed};
 use crate::model::{GpuKvCache, GpuModel};
 use crate::ops::DecodeScratch;
-
-/// What a pool must hold for one key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct PoolNeed {
-    meta: usize,
-    batch: usize,
-    scratch_rows: usize,
-}
-
-impl PoolNeed {
-    fn covers(&self, other: &PoolNeed) -> bool {
-        self.meta >= other.meta
-            && self.batch >= other.batch
-            && self.scratch_rows >= other.scratch_rows
-    }
-
-    fn max(&self, other: &PoolNeed) -> PoolNeed {
-        PoolNeed {
-            meta: self.meta.max(other.meta),
-            batch: self.batch.max(other.batch),
-            scratch_rows: self.scratch_rows.max(other.scratch_rows),
-        }
-    }
-}
 
 struct Pool {
     need: PoolNeed,

@@ -143,6 +143,35 @@ pub fn pad_decode(batch: &BatchInput, key: GraphKey, block_size: usize) -> Resul
     })
 }
 
+/// What the graphs' shared pool must hold for one key (`graph.rs`): a
+/// key whose need the pool does not cover reallocates it, to the
+/// element-wise max of both, and drops the graphs captured over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolNeed {
+    /// i32 metadata words ([`PaddedDecode::meta`]).
+    pub meta: usize,
+    /// Padded sequences (rows of activations and logits).
+    pub batch: usize,
+    /// Split-K scratch rows of the decode.
+    pub scratch_rows: usize,
+}
+
+impl PoolNeed {
+    pub fn covers(&self, other: &PoolNeed) -> bool {
+        self.meta >= other.meta
+            && self.batch >= other.batch
+            && self.scratch_rows >= other.scratch_rows
+    }
+
+    pub fn max(&self, other: &PoolNeed) -> PoolNeed {
+        PoolNeed {
+            meta: self.meta.max(other.meta),
+            batch: self.batch.max(other.batch),
+            scratch_rows: self.scratch_rows.max(other.scratch_rows),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +187,20 @@ mod tests {
             b.push(&[10 + i as u32], c - 1, &table, LogitsFor::Last);
         }
         b.build()
+    }
+
+    #[test]
+    fn a_pool_grows_to_cover_every_key_it_met() {
+        let need = |meta, batch, scratch_rows| PoolNeed {
+            meta,
+            batch,
+            scratch_rows,
+        };
+        let (a, b) = (need(100, 8, 50), need(80, 16, 10));
+        assert!(!a.covers(&b) && !b.covers(&a));
+        let both = a.max(&b);
+        assert_eq!(both, need(100, 16, 50));
+        assert!(both.covers(&a) && both.covers(&b) && both.covers(&both));
     }
 
     #[test]
