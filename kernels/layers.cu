@@ -227,3 +227,43 @@ AGENTD_BF16_F16(head_rope_interleaved,
                 (void* x, const int* positions, const float* cos_sin, int head_offset,
                  int row_stride, int head_dim, int rot_dim),
                 ((T*)x, positions, cos_sin, head_offset, row_stride, head_dim, rot_dim))
+
+// Qwen3-MoE's expert dispatch (rows grouped per expert on the host,
+// crates/cuda/src/moe_plan.rs):
+//
+// out[i, :] = x[rows[i], :]   grid: n; block: 256
+template <typename T>
+__device__ void gather_rows_impl(T* __restrict__ out, const T* __restrict__ x,
+                                 const int* __restrict__ rows, int hidden) {
+  const T* src = x + (size_t)rows[blockIdx.x] * hidden;
+  T* dst = out + (size_t)blockIdx.x * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
+}
+AGENTD_BF16_F16(gather_rows, (void* out, const void* x, const int* rows, int hidden),
+                ((T*)out, (const T*)x, rows, hidden))
+
+// acc[rows[i], :] += w[i] * y[i, :] in f32. One expert's rows are distinct
+// tokens and experts run one after another on the stream, so no two blocks
+// write one row at once and each token sums its experts in index order.
+// grid: n; block: 256
+template <typename T>
+__device__ void scatter_add_rows_impl(float* __restrict__ acc, const T* __restrict__ y,
+                                      const int* __restrict__ rows,
+                                      const float* __restrict__ w, int hidden) {
+  float* dst = acc + (size_t)rows[blockIdx.x] * hidden;
+  const T* src = y + (size_t)blockIdx.x * hidden;
+  const float s = w[blockIdx.x];
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] += s * to_float(src[i]);
+}
+AGENTD_BF16_F16(scatter_add_rows,
+                (float* acc, const void* y, const int* rows, const float* w, int hidden),
+                (acc, (const T*)y, rows, w, hidden))
+
+// out[k] = acc[k] rounded to T, grid-stride over n.
+template <typename T>
+__device__ void cast_rows_impl(T* __restrict__ out, const float* __restrict__ acc, long long n) {
+  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x)
+    out[k] = from_float<T>(acc[k]);
+}
+AGENTD_BF16_F16(cast_rows, (void* out, const float* acc, long long n), ((T*)out, acc, n))

@@ -55,6 +55,9 @@ fn entry_points(module: &str) -> Vec<String> {
             "add_bias",
             "rms_norm_rows",
             "head_rope_interleaved",
+            "gather_rows",
+            "scatter_add_rows",
+            "cast_rows",
         ]),
         "cache" => {
             let mut v = typed(&["reshape_and_cache"]);

@@ -7,7 +7,7 @@ use agentd_runtime::{BatchInput, KvCacheConfig, ModelError};
 
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::model::{GpuKvCache, GpuModel, Layer};
+use crate::model::{Ffn, GpuKvCache, GpuModel, Layer};
 use crate::ops::DecodeScratch;
 use crate::plan::{block_table_matrix, prefill_tiles, AttnShape};
 use crate::tier::GpuHostTier;
@@ -355,9 +355,14 @@ impl GpuModel {
         }
         let norm = gpu.ptr(&layer.post_norm, 0);
         gpu.add_rms_norm(dt, step.ws.res, Some(o), None, norm, xp, t, hid, eps)?;
-        gpu.linear(dt, xp, w(&layer.gate_up), gu, false, t, 2 * inter, hid)?;
-        gpu.silu_mul(dt, act, gu, t, inter)?;
-        gpu.linear(dt, act, w(&layer.down), down, false, t, hid, inter)?;
+        match &layer.ffn {
+            Ffn::Dense { gate_up, down: wd } => {
+                gpu.linear(dt, xp, w(gate_up), gu, false, t, 2 * inter, hid)?;
+                gpu.silu_mul(dt, act, gu, t, inter)?;
+                gpu.linear(dt, act, w(wd), down, false, t, hid, inter)?;
+            }
+            Ffn::Sparse { gate, experts } => self.moe_forward(step, gate, experts)?,
+        }
         match &layer.mlp_out_norm {
             Some(n) => gpu.rms_norm_rows(dt, down, gpu.ptr(n, 0), t, hid, eps),
             None => Ok(()),

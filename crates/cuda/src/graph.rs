@@ -98,6 +98,10 @@ impl GpuModel {
         graphs: &mut DecodeGraphs,
         fused_prologue: bool,
     ) -> Result<Option<GraphLogits>> {
+        // A sparse layer downloads its routing mid-step: never captured.
+        if self.cfg.moe.is_some() {
+            return Ok(None);
+        }
         let Some(key) = key_for(batch, &graphs.sizes, graphs.max_model_len) else {
             return Ok(None);
         };

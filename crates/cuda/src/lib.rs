@@ -2,11 +2,13 @@
 //! (paged decode and prefill attention, cache write and block copy, fused
 //! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul, GLM-4's bias,
 //! row norms and interleaved RoPE, the sampler), cuBLAS for the dense layers,
-//! and Qwen3 and GLM-4 dense on the GPU over a caller-owned paged KV cache with
+//! and Qwen3 (dense and MoE) and GLM-4 dense on the GPU over a caller-owned paged KV cache with
 //! the same [`agentd_runtime::BatchInput`] as the CPU runtime.
 //!
 //! - [`graph_plan`]: which decode steps replay a CUDA graph, their bucket
 //!   and padded metadata. Pure, always built, tested in CI.
+//! - [`moe_plan`]: Qwen3-MoE routing grouped per expert for the device.
+//!   Pure, always built, tested in CI.
 //! - [`plan`]: host-side launch planning (split-K partitions, prefill tiles,
 //!   RoPE tables, shape limits). Pure, always built, tested in CI.
 //! - [`sampling`]: the device sampler's packed plans and output words
@@ -32,6 +34,7 @@
 
 pub mod error;
 pub mod graph_plan;
+pub mod moe_plan;
 pub mod plan;
 pub mod sampling;
 pub mod stage;
@@ -47,6 +50,8 @@ mod forward;
 mod graph;
 #[cfg(feature = "cuda")]
 mod model;
+#[cfg(feature = "cuda")]
+mod moe;
 #[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]

@@ -1,4 +1,5 @@
-//! Qwen3 and GLM-4-0414 dense on the GPU: the same decoders as
+//! Qwen3 (dense, and Qwen3-MoE's routed experts: `moe.rs`) and GLM-4-0414
+//! dense on the GPU: the same decoders as
 //! `agentd_models::qwen3` (pre-norm GQA layers with per-head q/k RMSNorm
 //! before neox RoPE, SwiGLU MLP, tied or untied output head) and
 //! `agentd_models::glm4` (q/k/v bias, no q/k norm, partial interleaved RoPE,
@@ -23,11 +24,22 @@ use crate::forward::Workspace;
 use crate::plan::{rope_table, Dtype};
 use crate::stage;
 
+/// A layer's feed-forward block.
+pub(crate) enum Ffn {
+    /// Gate and up fused `[2 * inter, hidden]`, down `[hidden, inter]`.
+    Dense { gate_up: Buf<u16>, down: Buf<u16> },
+    /// The router `[experts, hidden]` and each expert's fused gate/up and down.
+    Sparse {
+        gate: Buf<u16>,
+        experts: Vec<(Buf<u16>, Buf<u16>)>,
+    },
+}
+
 pub(crate) struct Layer {
     pub(crate) qkv: Buf<u16>,
     pub(crate) o: Buf<u16>,
-    pub(crate) gate_up: Buf<u16>,
-    pub(crate) down: Buf<u16>,
+    /// The MLP: dense, or Qwen3-MoE's routed experts.
+    pub(crate) ffn: Ffn,
     pub(crate) input_norm: Buf<f32>,
     pub(crate) post_norm: Buf<f32>,
     /// Qwen3's per-head q/k norms.
@@ -95,8 +107,8 @@ impl GpuKvCache {
     }
 }
 
-/// A dense decoder on one GPU (Qwen3 or GLM-4-0414, by its config's family;
-/// `plan::supported`).
+/// A decoder on one GPU (Qwen3, Qwen3-MoE or GLM-4-0414, by its config's
+/// family; `plan::supported`).
 pub struct GpuModel {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) cfg: Qwen3Config,
@@ -142,20 +154,38 @@ impl GpuModel {
         };
         let glm = cfg.family == agentd_runtime::Family::Glm4;
         let vec = |name: &str, n: usize| -> Result<Buf<f32>> { gpu.upload(&host(name, &[n])?) };
+        // A SwiGLU MLP of `n` intermediate units at `m` (GLM-4 stores gate
+        // and up fused, the others apart).
+        let swiglu = |m: &str, n: usize| -> Result<(Buf<u16>, Buf<u16>)> {
+            let gate_up = if glm {
+                mat(&[(&format!("{m}.gate_up_proj.weight"), 2 * n, hid)])?
+            } else {
+                let (gate, up) = (
+                    format!("{m}.gate_proj.weight"),
+                    format!("{m}.up_proj.weight"),
+                );
+                mat(&[(&gate, n, hid), (&up, n, hid)])?
+            };
+            Ok((gate_up, mat(&[(&format!("{m}.down_proj.weight"), hid, n)])?))
+        };
+        let ffn = |p: &str, i: usize| -> Result<Ffn> {
+            let m = format!("{p}.mlp");
+            match &cfg.moe {
+                Some(moe) if moe.is_sparse(i) => Ok(Ffn::Sparse {
+                    gate: mat(&[(&format!("{m}.gate.weight"), moe.num_experts, hid)])?,
+                    experts: (0..moe.num_experts)
+                        .map(|e| swiglu(&format!("{m}.experts.{e}"), moe.moe_intermediate_size))
+                        .collect::<Result<_>>()?,
+                }),
+                _ => swiglu(&m, inter).map(|(gate_up, down)| Ffn::Dense { gate_up, down }),
+            }
+        };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
             let proj = |x: &str, part: &str| format!("{a}.{x}_proj.{part}");
-            let gate_up = if glm {
-                mat(&[(&format!("{p}.mlp.gate_up_proj.weight"), 2 * inter, hid)])?
-            } else {
-                let (gate, up) = (
-                    format!("{p}.mlp.gate_proj.weight"),
-                    format!("{p}.mlp.up_proj.weight"),
-                );
-                mat(&[(&gate, inter, hid), (&up, inter, hid)])?
-            };
+            let ffn = ffn(&p, i)?;
             let qkv_bias = if cfg.attention_bias {
                 let mut b = host(&proj("q", "bias"), &[h * d])?;
                 b.extend(host(&proj("k", "bias"), &[kv * d])?);
@@ -179,8 +209,7 @@ impl GpuModel {
             layers.push(Layer {
                 qkv: mat(&[(&q, h * d, hid), (&k, kv * d, hid), (&v, kv * d, hid)])?,
                 o: mat(&[(&o, hid, h * d)])?,
-                gate_up,
-                down: mat(&[(&format!("{p}.mlp.down_proj.weight"), hid, inter)])?,
+                ffn,
                 input_norm: norm("input_layernorm")?,
                 post_norm: norm("post_attention_layernorm")?,
                 q_norm: qk("q_norm")?,
@@ -204,6 +233,11 @@ impl GpuModel {
     /// device (checkpoints too large to build on the host; benchmarks).
     pub fn random(gpu: Arc<Gpu>, cfg: Qwen3Config, dtype: Dtype, seed: u64) -> Result<Self> {
         crate::plan::supported(&cfg)?;
+        if cfg.moe.is_some() {
+            return Err(crate::error::CudaError::Unsupported(
+                "random weights on the device: dense models only".into(),
+            ));
+        }
         let (h, kv, d) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -225,8 +259,10 @@ impl GpuModel {
             layers.push(Layer {
                 qkv: rand((h + 2 * kv) * d, hid)?,
                 o: rand(hid, h * d)?,
-                gate_up: rand(2 * inter, hid)?,
-                down: rand(hid, inter)?,
+                ffn: Ffn::Dense {
+                    gate_up: rand(2 * inter, hid)?,
+                    down: rand(hid, inter)?,
+                },
                 input_norm: ones(hid)?,
                 post_norm: ones(hid)?,
                 q_norm: cfg.qk_norm.then(|| ones(d)).transpose()?,
@@ -294,7 +330,18 @@ impl GpuModel {
         let per_layer: usize = self
             .layers
             .iter()
-            .map(|l| (l.qkv.len() + l.o.len() + l.gate_up.len() + l.down.len()) * 2)
+            .map(|l| {
+                let ffn = match &l.ffn {
+                    Ffn::Dense { gate_up, down } => gate_up.len() + down.len(),
+                    // A token reads the router and its k experts.
+                    Ffn::Sparse { gate, experts } => {
+                        let k = self.cfg.moe.as_ref().map_or(1, |m| m.num_experts_per_tok);
+                        let one = experts.first().map_or(0, |(gu, d)| gu.len() + d.len());
+                        gate.len() + k * one
+                    }
+                };
+                (l.qkv.len() + l.o.len() + ffn) * 2
+            })
             .sum();
         per_layer + self.cfg.vocab_size * self.cfg.hidden_size * 2
     }

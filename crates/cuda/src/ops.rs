@@ -269,6 +269,65 @@ impl Gpu {
         )
     }
 
+    /// `out[i] = x[rows[i]]` for `n` rows of `hidden`.
+    pub fn gather_rows(
+        &self,
+        dt: Dtype,
+        out: u64,
+        x: u64,
+        rows: u64,
+        n: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(out),
+            Arg::Ptr(x),
+            Arg::Ptr(rows),
+            Arg::I32(i32_of("hidden", hidden)?),
+        ];
+        self.launch(&name("gather_rows", dt), (n as u32, 1, 1), 256, 0, &args)
+    }
+
+    /// `acc[rows[i]] += w[i] · y[i]` (f32 `acc`) for `n` rows of `hidden`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scatter_add_rows(
+        &self,
+        dt: Dtype,
+        acc: u64,
+        y: u64,
+        rows: u64,
+        w: u64,
+        n: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(acc),
+            Arg::Ptr(y),
+            Arg::Ptr(rows),
+            Arg::Ptr(w),
+            Arg::I32(i32_of("hidden", hidden)?),
+        ];
+        self.launch(
+            &name("scatter_add_rows", dt),
+            (n as u32, 1, 1),
+            256,
+            0,
+            &args,
+        )
+    }
+
+    /// `out[k] = acc[k]` rounded to `dt`, `n` values.
+    pub fn cast_rows(&self, dt: Dtype, out: u64, acc: u64, n: usize) -> Result<()> {
+        let args = [Arg::Ptr(out), Arg::Ptr(acc), Arg::I64(n as i64)];
+        self.launch(
+            &name("cast_rows", dt),
+            (stride_grid(n), 1, 1),
+            256,
+            0,
+            &args,
+        )
+    }
+
     /// `out[t, i] = silu(gu[t, i]) · gu[t, inter + i]`.
     pub fn silu_mul(
         &self,

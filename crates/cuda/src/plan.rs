@@ -135,19 +135,29 @@ pub fn decode_plan(shape: &AttnShape, num_seqs: usize, max_context: usize) -> De
     }
 }
 
-/// Whether the CUDA backend runs `cfg`: Qwen3 dense (q/k norm, neox RoPE
-/// over whole heads) and GLM-4-0414 dense (no q/k norm, interleaved RoPE
+/// Whether the CUDA backend runs `cfg`: Qwen3 dense and Qwen3-MoE (q/k
+/// norm, neox RoPE over whole heads; softmax top-k routing) and GLM-4-0414
+/// dense (no q/k norm, interleaved RoPE
 /// over a leading part of each head), on an attention shape the kernels
 /// take. MoE families are refused with the way to serve them.
 pub fn supported(cfg: &agentd_runtime::ModelConfig) -> Result<()> {
     use agentd_runtime::Family;
     let ok = match cfg.family {
         Family::Qwen3 => cfg.qk_norm && cfg.rotary_dim == cfg.head_dim,
+        // Qwen3's attention; the experts routed by softmax top-k.
+        Family::Qwen3Moe => {
+            cfg.qk_norm
+                && cfg.rotary_dim == cfg.head_dim
+                && cfg.moe.as_ref().is_some_and(|m| {
+                    m.router == agentd_runtime::config::RouterKind::Softmax
+                        && m.n_shared_experts == 0
+                })
+        }
         Family::Glm4 => !cfg.qk_norm && cfg.rotary_dim <= cfg.head_dim,
         _ => {
             return Err(CudaError::Unsupported(format!(
-                "model_type {} (the CUDA backend runs qwen3 and glm4 dense; serve it with \
-                 --device cpu)",
+                "model_type {} (the CUDA backend runs qwen3, qwen3_moe and glm4; serve it \
+                 with --device cpu)",
                 cfg.family
             )))
         }
@@ -226,7 +236,14 @@ mod tests {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden");
         let cfg = |name: &str| agentd_runtime::ModelConfig::from_dir(&dir.join(name)).unwrap();
-        for ok in ["gqa4-tied", "gqa2-untied", "glm4-gqa2", "glm4-gqa1-tied"] {
+        for ok in [
+            "gqa4-tied",
+            "gqa2-untied",
+            "glm4-gqa2",
+            "glm4-gqa1-tied",
+            "qwen3moe-gqa2",
+            "qwen3moe-gqa1-tied",
+        ] {
             assert!(supported(&cfg(ok)).is_ok(), "{ok}");
         }
         let glm = cfg("glm4-gqa2");
@@ -234,7 +251,7 @@ mod tests {
             glm.rotary_dim < glm.head_dim,
             "a partial rotation is tested"
         );
-        for moe in ["qwen3moe-gqa2", "glm4moe-gqa2"] {
+        for moe in ["glm4moe-gqa2", "glm4moe-gqa1-tied"] {
             let e = supported(&cfg(moe)).unwrap_err().to_string();
             assert!(e.contains("--device cpu"), "{e}");
         }

@@ -33,14 +33,13 @@ pub mod moe;
 mod neon8;
 pub mod qwen3;
 pub mod qwen3_moe;
-pub mod router;
 pub mod runner;
 pub mod self_attn;
 mod simd;
 pub mod synth;
 
 // The runtime contract and the model-agnostic parts, at their old paths.
-pub use agentd_runtime::{batch, config, error, loader, logits, sampling, tokenizer};
+pub use agentd_runtime::{batch, config, error, loader, logits, router, sampling, tokenizer};
 
 pub use attention::{KvCacheConfig, PagedKvCache};
 pub use batch::{BatchBuilder, BatchInput, LogitsFor};

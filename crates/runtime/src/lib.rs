@@ -17,6 +17,8 @@
 //! - [`memory`]: the memory regions a runner releases and resumes.
 //! - [`kv_cache`]: the paged KV cache's geometry ([`KvCacheConfig`]), which
 //!   each backend's cache storage is laid out from.
+//! - [`router`]: MoE routing (one token's experts and weights from its
+//!   router logits), shared by the CPU and CUDA backends.
 //! - [`rope`]: RoPE's inverse frequencies, per-batch cos/sin rows and pair
 //!   styles, the same on every backend.
 //! - `loader` (feature `candle`): the memory-mapped safetensors checkpoint
@@ -35,6 +37,7 @@ pub mod loader;
 pub mod logits;
 pub mod memory;
 pub mod rope;
+pub mod router;
 pub mod runner;
 pub mod sampling;
 pub mod tokenizer;

@@ -14,14 +14,16 @@ use serde_json::Value;
 
 use crate::{rel_l2, Report};
 
-/// Qwen3 dense, then GLM-4-0414 dense (q/k/v bias, partial interleaved
-/// RoPE, the sub-blocks' output norms).
-const MODELS: [&str; 5] = [
+/// Qwen3 dense, GLM-4-0414 dense (q/k/v bias, partial interleaved RoPE,
+/// the sub-blocks' output norms), Qwen3-MoE (routed experts).
+const MODELS: [&str; 7] = [
     "gqa4-tied",
     "gqa2-untied",
     "gqa1-untied",
     "glm4-gqa2",
     "glm4-gqa1-tied",
+    "qwen3moe-gqa2",
+    "qwen3moe-gqa1-tied",
 ];
 const BLOCK: usize = 16;
 
