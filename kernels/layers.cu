@@ -267,3 +267,43 @@ __device__ void cast_rows_impl(T* __restrict__ out, const float* __restrict__ ac
     out[k] = from_float<T>(acc[k]);
 }
 AGENTD_BF16_F16(cast_rows, (void* out, const float* acc, long long n), ((T*)out, acc, n))
+
+// GLM-4.5's attention prologue per head, in place: optional RMSNorm over the
+// whole head (w non-null: use_qk_norm), then neox RoPE over the first
+// rot_dim dims only (pairs (i, i + rot_dim/2)); the other dims pass.
+// cos_sin: [max_pos, rot_dim] f32, the cosines then the sines.
+// grid: (tokens, heads); block: head_dim / 2 threads; head_dim <= 1024.
+template <typename T>
+__device__ void head_norm_rope_partial_impl(T* __restrict__ x, const float* __restrict__ w,
+                                            const int* __restrict__ positions,
+                                            const float* __restrict__ cos_sin, int head_offset,
+                                            int row_stride, int head_dim, int rot_dim, float eps) {
+  __shared__ float scratch[32];
+  __shared__ float v[1024];
+  const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
+  T* p = x + (size_t)t * row_stride + head_offset + (size_t)h * head_dim;
+  float a = to_float(p[i]), b = to_float(p[i + half]);
+  if (w) {
+    const float inv = rsqrtf(block_sum(a * a + b * b, scratch) / head_dim + eps);
+    a = a * inv * w[i];
+    b = b * inv * w[i + half];
+  }
+  v[i] = a;
+  v[i + half] = b;
+  __syncthreads();
+  const int rh = rot_dim / 2;
+  if (i < rh) {
+    const float* cs = cos_sin + (size_t)positions[t] * rot_dim;
+    const float c = cs[i], s = cs[rh + i], x1 = v[i], x2 = v[i + rh];
+    p[i] = from_float<T>(x1 * c - x2 * s);
+    p[i + rh] = from_float<T>(x2 * c + x1 * s);
+  }
+  // Dims past the rotated part (thread i owns i and i + half; those below
+  // rot_dim were written by the rotation above).
+  if (i >= rot_dim) p[i] = from_float<T>(v[i]);
+  if (i + half >= rot_dim) p[i + half] = from_float<T>(v[i + half]);
+}
+AGENTD_BF16_F16(head_norm_rope_partial,
+                (void* x, const float* w, const int* positions, const float* cos_sin,
+                 int head_offset, int row_stride, int head_dim, int rot_dim, float eps),
+                ((T*)x, w, positions, cos_sin, head_offset, row_stride, head_dim, rot_dim, eps))

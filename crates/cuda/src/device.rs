@@ -55,6 +55,7 @@ fn entry_points(module: &str) -> Vec<String> {
             "add_bias",
             "rms_norm_rows",
             "head_rope_interleaved",
+            "head_norm_rope_partial",
             "gather_rows",
             "scatter_add_rows",
             "cast_rows",

@@ -271,6 +271,15 @@ impl GpuModel {
         if let Some(b) = &layer.qkv_bias {
             gpu.add_bias(dt, qkvp, gpu.ptr(b, 0), t, qkv_dim)?;
         }
+        if c.family == agentd_runtime::Family::Glm4Moe {
+            let (qn, kn) = (layer.q_norm.as_ref(), layer.k_norm.as_ref());
+            let (qn, kn) = (qn.map(|b| gpu.ptr(b, 0)), kn.map(|b| gpu.ptr(b, 0)));
+            let rot = c.rotary_dim;
+            gpu.head_norm_rope_partial(dt, qkvp, qn, pos, csp, t, h, 0, qkv_dim, d, rot, eps)?;
+            let k_at = h * d;
+            return gpu
+                .head_norm_rope_partial(dt, qkvp, kn, pos, csp, t, kv, k_at, qkv_dim, d, rot, eps);
+        }
         if c.family == agentd_runtime::Family::Glm4 {
             let rot = c.rotary_dim;
             gpu.head_rope_interleaved(dt, qkvp, pos, csp, t, h, 0, qkv_dim, d, rot)?;
@@ -361,7 +370,7 @@ impl GpuModel {
                 gpu.silu_mul(dt, act, gu, t, inter)?;
                 gpu.linear(dt, act, w(wd), down, false, t, hid, inter)?;
             }
-            Ffn::Sparse { gate, experts } => self.moe_forward(step, gate, experts)?,
+            Ffn::Sparse(moe) => self.moe_forward(step, moe)?,
         }
         match &layer.mlp_out_norm {
             Some(n) => gpu.rms_norm_rows(dt, down, gpu.ptr(n, 0), t, hid, eps),

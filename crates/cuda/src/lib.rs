@@ -2,7 +2,7 @@
 //! (paged decode and prefill attention, cache write and block copy, fused
 //! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul, GLM-4's bias,
 //! row norms and interleaved RoPE, the sampler), cuBLAS for the dense layers,
-//! and Qwen3 (dense and MoE) and GLM-4 dense on the GPU over a caller-owned paged KV cache with
+//! and the four families (Qwen3, Qwen3-MoE, GLM-4, GLM-4.5) on the GPU over a caller-owned paged KV cache with
 //! the same [`agentd_runtime::BatchInput`] as the CPU runtime.
 //!
 //! - [`graph_plan`]: which decode steps replay a CUDA graph, their bucket

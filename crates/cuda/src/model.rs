@@ -1,5 +1,5 @@
-//! Qwen3 (dense, and Qwen3-MoE's routed experts: `moe.rs`) and GLM-4-0414
-//! dense on the GPU: the same decoders as
+//! Qwen3 and GLM-4-0414 dense, Qwen3-MoE and GLM-4.5 (the sparse block:
+//! `moe.rs`) on the GPU: the same decoders as
 //! `agentd_models::qwen3` (pre-norm GQA layers with per-head q/k RMSNorm
 //! before neox RoPE, SwiGLU MLP, tied or untied output head) and
 //! `agentd_models::glm4` (q/k/v bias, no q/k norm, partial interleaved RoPE,
@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use agentd_runtime::config::RouterKind;
 use agentd_runtime::loader::Weights;
 use agentd_runtime::rope::inv_freq;
 use agentd_runtime::{KvCacheConfig, Qwen3Config};
@@ -28,11 +29,18 @@ use crate::stage;
 pub(crate) enum Ffn {
     /// Gate and up fused `[2 * inter, hidden]`, down `[hidden, inter]`.
     Dense { gate_up: Buf<u16>, down: Buf<u16> },
-    /// The router `[experts, hidden]` and each expert's fused gate/up and down.
-    Sparse {
-        gate: Buf<u16>,
-        experts: Vec<(Buf<u16>, Buf<u16>)>,
-    },
+    /// A sparse MoE block.
+    Sparse(SparseFfn),
+}
+
+/// The router `[experts, hidden]`, each expert's fused gate/up and down,
+/// GLM-4.5's `e_score_correction_bias` (on the host: routing runs there)
+/// and shared experts (one SwiGLU MLP of `n_shared × moe_inter`).
+pub(crate) struct SparseFfn {
+    pub(crate) gate: Buf<u16>,
+    pub(crate) experts: Vec<(Buf<u16>, Buf<u16>)>,
+    pub(crate) correction_bias: Option<Vec<f32>>,
+    pub(crate) shared: Option<(Buf<u16>, Buf<u16>)>,
 }
 
 pub(crate) struct Layer {
@@ -107,8 +115,8 @@ impl GpuKvCache {
     }
 }
 
-/// A decoder on one GPU (Qwen3, Qwen3-MoE or GLM-4-0414, by its config's
-/// family; `plan::supported`).
+/// A decoder on one GPU (Qwen3, Qwen3-MoE, GLM-4-0414 or GLM-4.5, by its
+/// config's family; `plan::supported`).
 pub struct GpuModel {
     pub(crate) gpu: Arc<Gpu>,
     pub(crate) cfg: Qwen3Config,
@@ -171,12 +179,23 @@ impl GpuModel {
         let ffn = |p: &str, i: usize| -> Result<Ffn> {
             let m = format!("{p}.mlp");
             match &cfg.moe {
-                Some(moe) if moe.is_sparse(i) => Ok(Ffn::Sparse {
-                    gate: mat(&[(&format!("{m}.gate.weight"), moe.num_experts, hid)])?,
-                    experts: (0..moe.num_experts)
-                        .map(|e| swiglu(&format!("{m}.experts.{e}"), moe.moe_intermediate_size))
-                        .collect::<Result<_>>()?,
-                }),
+                Some(moe) if moe.is_sparse(i) => {
+                    let (e, mi) = (moe.num_experts, moe.moe_intermediate_size);
+                    let grouped = matches!(moe.router, RouterKind::GroupedSigmoid { .. });
+                    let bias = format!("{m}.gate.e_score_correction_bias");
+                    Ok(Ffn::Sparse(SparseFfn {
+                        gate: mat(&[(&format!("{m}.gate.weight"), e, hid)])?,
+                        experts: (0..e)
+                            .map(|x| swiglu(&format!("{m}.experts.{x}"), mi))
+                            .collect::<Result<_>>()?,
+                        correction_bias: grouped.then(|| host(&bias, &[e])).transpose()?,
+                        shared: (moe.n_shared_experts > 0)
+                            .then(|| {
+                                swiglu(&format!("{m}.shared_experts"), moe.n_shared_experts * mi)
+                            })
+                            .transpose()?,
+                    }))
+                }
                 _ => swiglu(&m, inter).map(|(gate_up, down)| Ffn::Dense { gate_up, down }),
             }
         };
@@ -334,10 +353,11 @@ impl GpuModel {
                 let ffn = match &l.ffn {
                     Ffn::Dense { gate_up, down } => gate_up.len() + down.len(),
                     // A token reads the router and its k experts.
-                    Ffn::Sparse { gate, experts } => {
+                    Ffn::Sparse(m) => {
                         let k = self.cfg.moe.as_ref().map_or(1, |m| m.num_experts_per_tok);
-                        let one = experts.first().map_or(0, |(gu, d)| gu.len() + d.len());
-                        gate.len() + k * one
+                        let one = m.experts.first().map_or(0, |(gu, d)| gu.len() + d.len());
+                        let shared = m.shared.as_ref().map_or(0, |(gu, d)| gu.len() + d.len());
+                        m.gate.len() + k * one + shared
                     }
                 };
                 (l.qkv.len() + l.o.len() + ffn) * 2

@@ -1,4 +1,5 @@
-//! Qwen3-MoE's sparse block on the GPU: the router product on the device,
+//! The sparse MoE block on the GPU (Qwen3-MoE; GLM-4.5 with its grouped
+//! sigmoid router, correction bias and shared experts): the router product on the device,
 //! its `[tokens, experts]` f32 logits downloaded (a few hundred KB; one
 //! synchronisation a sparse layer) and routed on the host exactly as the
 //! CPU backend routes ([`crate::moe_plan`]), then per busy expert, in index
@@ -10,18 +11,14 @@
 use crate::device::Buf;
 use crate::error::{CudaError, Result};
 use crate::forward::StepPtrs;
-use crate::model::GpuModel;
+use crate::model::{GpuModel, SparseFfn};
 use crate::moe_plan::plan;
 
 impl GpuModel {
     /// `step.ws.down = Σ_e w_e · expert_e(step.ws.x)` for each token's
-    /// routed experts (`gate`: the router, `experts`: fused gate/up, down).
-    pub(crate) fn moe_forward(
-        &self,
-        step: &StepPtrs,
-        gate: &Buf<u16>,
-        experts: &[(Buf<u16>, Buf<u16>)],
-    ) -> Result<()> {
+    /// routed experts, plus the shared experts' output (after the routed
+    /// sum, as transformers adds it).
+    pub(crate) fn moe_forward(&self, step: &StepPtrs, ffn: &SparseFfn) -> Result<()> {
         let (gpu, dt, t) = (&*self.gpu, self.dtype, step.t);
         let moe =
             self.cfg.moe.as_ref().ok_or_else(|| {
@@ -36,35 +33,75 @@ impl GpuModel {
         gpu.linear(
             dt,
             step.ws.x,
-            gpu.ptr(gate, 0),
+            gpu.ptr(&ffn.gate, 0),
             gpu.ptr(&logits, 0),
             true,
             t,
             e,
             hid,
         )?;
-        let routed = plan(&gpu.download(&logits)?, t, moe)?;
-        let n = routed.max_len();
+        let bias = ffn.correction_bias.as_deref();
+        let routed = plan(&gpu.download(&logits)?, t, bias, moe)?;
+        let shared_inter = moe.n_shared_experts * inter;
+        // Scratch rows: the busiest expert's, or every token for the shared MLP.
+        let n = routed
+            .max_len()
+            .max(if ffn.shared.is_some() { t } else { 0 });
+        let width = inter.max(shared_inter);
         let rows = gpu.upload(&routed.tokens)?;
         let weights = gpu.upload(&routed.weights)?;
-        let xs = gpu.zeros::<u16>(n * hid)?;
-        let gu = gpu.zeros::<u16>(n * 2 * inter)?;
-        let act = gpu.zeros::<u16>(n * inter)?;
-        let out = gpu.zeros::<u16>(n * hid)?;
-        let acc = gpu.zeros::<f32>(t * hid)?;
-        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
+        let s = Scratch {
+            xs: gpu.zeros::<u16>(n * hid)?,
+            gu: gpu.zeros::<u16>(n * 2 * width)?,
+            act: gpu.zeros::<u16>(n * width)?,
+            out: gpu.zeros::<u16>(n * hid)?,
+            acc: gpu.zeros::<f32>(t * hid)?,
+        };
         for run in &routed.runs {
-            let (gate_up, down) = experts.get(run.expert).ok_or_else(|| {
-                CudaError::Unsupported(format!("expert {} of {}", run.expert, experts.len()))
+            let expert = ffn.experts.get(run.expert).ok_or_else(|| {
+                CudaError::Unsupported(format!("expert {} of {}", run.expert, ffn.experts.len()))
             })?;
             let (r, w) = (gpu.ptr(&rows, run.offset), gpu.ptr(&weights, run.offset));
-            let m = run.len;
-            gpu.gather_rows(dt, p(&xs), step.ws.x, r, m, hid)?;
-            gpu.linear(dt, p(&xs), p(gate_up), p(&gu), false, m, 2 * inter, hid)?;
-            gpu.silu_mul(dt, p(&act), p(&gu), m, inter)?;
-            gpu.linear(dt, p(&act), p(down), p(&out), false, m, hid, inter)?;
-            gpu.scatter_add_rows(dt, gpu.ptr(&acc, 0), p(&out), r, w, m, hid)?;
+            gpu.gather_rows(dt, gpu.ptr(&s.xs, 0), step.ws.x, r, run.len, hid)?;
+            self.expert_into_acc(&s, expert, gpu.ptr(&s.xs, 0), run.len, inter, (r, w))?;
         }
-        gpu.cast_rows(dt, step.ws.down, gpu.ptr(&acc, 0), t * hid)
+        if let Some(shared) = &ffn.shared {
+            let all: Vec<i32> = (0..t).map(|i| i as i32).collect();
+            let (all, ones) = (gpu.upload(&all)?, gpu.upload(&vec![1f32; t])?);
+            let rw = (gpu.ptr(&all, 0), gpu.ptr(&ones, 0));
+            self.expert_into_acc(&s, shared, step.ws.x, t, shared_inter, rw)?;
+        }
+        gpu.cast_rows(dt, step.ws.down, gpu.ptr(&s.acc, 0), t * hid)
     }
+
+    /// One SwiGLU MLP (`mlp`: fused gate/up, down; `inter` units) over `m`
+    /// rows at `x`, its output added into the accumulator's rows `rw.0`
+    /// with weights `rw.1`.
+    fn expert_into_acc(
+        &self,
+        s: &Scratch,
+        mlp: &(Buf<u16>, Buf<u16>),
+        x: u64,
+        m: usize,
+        inter: usize,
+        rw: (u64, u64),
+    ) -> Result<()> {
+        let (gpu, dt, hid) = (&*self.gpu, self.dtype, self.cfg.hidden_size);
+        let p = |b: &Buf<u16>| gpu.ptr(b, 0);
+        let (gate_up, down) = mlp;
+        gpu.linear(dt, x, p(gate_up), p(&s.gu), false, m, 2 * inter, hid)?;
+        gpu.silu_mul(dt, p(&s.act), p(&s.gu), m, inter)?;
+        gpu.linear(dt, p(&s.act), p(down), p(&s.out), false, m, hid, inter)?;
+        let acc = gpu.ptr(&s.acc, 0);
+        gpu.scatter_add_rows(dt, acc, p(&s.out), rw.0, rw.1, m, hid)
+    }
+}
+
+/// One sparse block's scratch buffers (rows × widths sized by the caller).
+struct Scratch {
+    xs: Buf<u16>,
+    gu: Buf<u16>,
+    act: Buf<u16>,
+    out: Buf<u16>,
+    acc: Buf<f32>,
 }

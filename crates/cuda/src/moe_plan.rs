@@ -1,4 +1,4 @@
-//! Qwen3-MoE on the GPU, the host half: a sparse layer's router logits (one
+//! Qwen3-MoE and GLM-4.5 on the GPU, the host half: a sparse layer's router logits (one
 //! `[tokens, experts]` f32 download a layer) routed as the CPU backend
 //! routes them ([`agentd_runtime::router::route`]: softmax, top-k, ties to
 //! the lower expert, renormalised when `norm_topk_prob`), then grouped per
@@ -37,8 +37,14 @@ impl MoePlan {
     }
 }
 
-/// Routes `tokens` rows of `logits` (`[tokens, num_experts]`).
-pub fn plan(logits: &[f32], tokens: usize, cfg: &MoeConfig) -> Result<MoePlan> {
+/// Routes `tokens` rows of `logits` (`[tokens, num_experts]`; `bias`:
+/// GLM-4.5's `e_score_correction_bias`).
+pub fn plan(
+    logits: &[f32],
+    tokens: usize,
+    bias: Option<&[f32]>,
+    cfg: &MoeConfig,
+) -> Result<MoePlan> {
     let e = cfg.num_experts;
     if e == 0 || logits.len() != tokens * e {
         return Err(CudaError::Unsupported(format!(
@@ -49,7 +55,7 @@ pub fn plan(logits: &[f32], tokens: usize, cfg: &MoeConfig) -> Result<MoePlan> {
     let mut per_expert: Vec<Vec<(i32, f32)>> = vec![Vec::new(); e];
     for (t, row) in logits.chunks_exact(e).enumerate() {
         let t = i32::try_from(t).map_err(|_| CudaError::Unsupported("token index".into()))?;
-        for c in route(row, None, cfg) {
+        for c in route(row, bias, cfg) {
             per_expert[c.expert].push((t, c.weight));
         }
     }
@@ -104,7 +110,7 @@ mod tests {
             0.0, 4.0, 2.0, 0.5, //
             0.0, 0.0, 5.0, 4.0,
         ];
-        let p = plan(&logits, 3, &cfg(2, true)).unwrap();
+        let p = plan(&logits, 3, None, &cfg(2, true)).unwrap();
         let runs: Vec<(usize, usize)> = p.runs.iter().map(|r| (r.expert, r.len)).collect();
         assert_eq!(runs, [(0, 1), (1, 1), (2, 3), (3, 1)]);
         assert_eq!(p.tokens, [0, 1, 0, 1, 2, 2]);
@@ -123,6 +129,6 @@ mod tests {
             assert_eq!(got, want, "token {t}");
             assert!((got.iter().map(|g| g.1).sum::<f32>() - 1.0).abs() < 1e-6);
         }
-        assert!(plan(&logits[..5], 3, &cfg(2, true)).is_err());
+        assert!(plan(&logits[..5], 3, None, &cfg(2, true)).is_err());
     }
 }

@@ -269,6 +269,54 @@ impl Gpu {
         )
     }
 
+    /// GLM-4.5's prologue per head: optional RMSNorm over the whole head,
+    /// then neox RoPE over its first `rot_dim` dims (`cos_sin` rows
+    /// `rot_dim` wide); see `kernels/layers.cu`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_norm_rope_partial(
+        &self,
+        dt: Dtype,
+        x: u64,
+        w: Option<u64>,
+        positions: u64,
+        cos_sin: u64,
+        tokens: usize,
+        heads: usize,
+        head_offset: usize,
+        row_stride: usize,
+        head_dim: usize,
+        rot_dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let ok = head_dim.is_multiple_of(2)
+            && head_dim <= 1024
+            && rot_dim.is_multiple_of(2)
+            && rot_dim > 0
+            && rot_dim <= head_dim;
+        if !ok {
+            return Err(CudaError::Unsupported(format!(
+                "partial RoPE over {rot_dim} of {head_dim} dims"
+            )));
+        }
+        self.launch(
+            &name("head_norm_rope_partial", dt),
+            (tokens as u32, heads as u32, 1),
+            (head_dim / 2) as u32,
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(w.unwrap_or(0)),
+                Arg::Ptr(positions),
+                Arg::Ptr(cos_sin),
+                Arg::I32(i32_of("head_offset", head_offset)?),
+                Arg::I32(i32_of("row_stride", row_stride)?),
+                Arg::I32(head_dim as i32),
+                Arg::I32(rot_dim as i32),
+                Arg::F32(eps),
+            ],
+        )
+    }
+
     /// `out[i] = x[rows[i]]` for `n` rows of `hidden`.
     pub fn gather_rows(
         &self,

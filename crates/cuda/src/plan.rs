@@ -135,11 +135,12 @@ pub fn decode_plan(shape: &AttnShape, num_seqs: usize, max_context: usize) -> De
     }
 }
 
-/// Whether the CUDA backend runs `cfg`: Qwen3 dense and Qwen3-MoE (q/k
-/// norm, neox RoPE over whole heads; softmax top-k routing) and GLM-4-0414
-/// dense (no q/k norm, interleaved RoPE
-/// over a leading part of each head), on an attention shape the kernels
-/// take. MoE families are refused with the way to serve them.
+/// Whether the CUDA backend runs `cfg`, a config of one of the four
+/// families: Qwen3 dense and Qwen3-MoE (q/k norm, neox RoPE over whole
+/// heads; softmax top-k routing), GLM-4-0414 dense (no q/k norm,
+/// interleaved RoPE over a leading part of each head) and GLM-4.5 (neox
+/// RoPE over a leading part, heads up to 1024 dims), on an attention shape
+/// the kernels take; otherwise an error saying what does not fit.
 pub fn supported(cfg: &agentd_runtime::ModelConfig) -> Result<()> {
     use agentd_runtime::Family;
     let ok = match cfg.family {
@@ -153,14 +154,10 @@ pub fn supported(cfg: &agentd_runtime::ModelConfig) -> Result<()> {
                         && m.n_shared_experts == 0
                 })
         }
+        // q/k/v bias, optional q/k norm, neox RoPE over a leading part of
+        // each head (one block of threads holds a head: at most 1024 dims).
+        Family::Glm4Moe => cfg.rotary_dim <= cfg.head_dim && cfg.head_dim <= 1024,
         Family::Glm4 => !cfg.qk_norm && cfg.rotary_dim <= cfg.head_dim,
-        _ => {
-            return Err(CudaError::Unsupported(format!(
-                "model_type {} (the CUDA backend runs qwen3, qwen3_moe and glm4; serve it \
-                 with --device cpu)",
-                cfg.family
-            )))
-        }
     };
     if !ok {
         return Err(CudaError::Unsupported(format!(
@@ -232,7 +229,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dense_qwen3_and_glm4_run_moe_families_are_refused() {
+    fn the_four_families_run_on_shapes_the_kernels_take() {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden");
         let cfg = |name: &str| agentd_runtime::ModelConfig::from_dir(&dir.join(name)).unwrap();
@@ -243,6 +240,8 @@ mod tests {
             "glm4-gqa1-tied",
             "qwen3moe-gqa2",
             "qwen3moe-gqa1-tied",
+            "glm4moe-gqa2",
+            "glm4moe-gqa1-tied",
         ] {
             assert!(supported(&cfg(ok)).is_ok(), "{ok}");
         }
@@ -251,10 +250,15 @@ mod tests {
             glm.rotary_dim < glm.head_dim,
             "a partial rotation is tested"
         );
-        for moe in ["glm4moe-gqa2", "glm4moe-gqa1-tied"] {
-            let e = supported(&cfg(moe)).unwrap_err().to_string();
-            assert!(e.contains("--device cpu"), "{e}");
-        }
+        let glm45 = cfg("glm4moe-gqa2");
+        let odd = agentd_runtime::ModelConfig {
+            family: agentd_runtime::Family::Glm4Moe,
+            head_dim: 2048,
+            rotary_dim: 64,
+            ..glm45
+        };
+        let e = supported(&odd).unwrap_err().to_string();
+        assert!(e.contains("glm4_moe") || e.contains("head"), "{e}");
         // A Qwen3 config without its q/k norms is not one the kernels know.
         let odd = agentd_runtime::ModelConfig {
             qk_norm: false,

@@ -15,8 +15,9 @@ use serde_json::Value;
 use crate::{rel_l2, Report};
 
 /// Qwen3 dense, GLM-4-0414 dense (q/k/v bias, partial interleaved RoPE,
-/// the sub-blocks' output norms), Qwen3-MoE (routed experts).
-const MODELS: [&str; 7] = [
+/// the sub-blocks' output norms), Qwen3-MoE (routed experts), GLM-4.5
+/// (grouped sigmoid routing, shared experts, partial neox RoPE).
+const MODELS: [&str; 9] = [
     "gqa4-tied",
     "gqa2-untied",
     "gqa1-untied",
@@ -24,6 +25,8 @@ const MODELS: [&str; 7] = [
     "glm4-gqa1-tied",
     "qwen3moe-gqa2",
     "qwen3moe-gqa1-tied",
+    "glm4moe-gqa2",
+    "glm4moe-gqa1-tied",
 ];
 const BLOCK: usize = 16;
 
