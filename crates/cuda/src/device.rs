@@ -321,7 +321,16 @@ impl Gpu {
         self.stream.clone_htod(host).map_err(driver_err("upload"))
     }
 
+    /// Copies `host` into the first `host.len()` elements of `dst` (an
+    /// error, not cudarc's panic, when `dst` is shorter).
     pub fn upload_into<T: DeviceRepr>(&self, host: &[T], dst: &mut Buf<T>) -> Result<()> {
+        if host.len() > dst.len() {
+            return Err(CudaError::Unsupported(format!(
+                "{} values into a buffer of {}",
+                host.len(),
+                dst.len()
+            )));
+        }
         self.stream
             .memcpy_htod(host, dst)
             .map_err(driver_err("upload"))
@@ -371,24 +380,6 @@ impl Gpu {
             .map_err(driver_err("download"))?;
         self.synchronize()?;
         Ok(f(dst))
-    }
-
-    /// Copies `host` into the first `host.len()` elements of `dst`.
-    pub fn upload_prefix<T: DeviceRepr>(&self, host: &[T], dst: &mut Buf<T>) -> Result<()> {
-        if host.len() > dst.len() {
-            return Err(CudaError::Unsupported(format!(
-                "{} values into a buffer of {}",
-                host.len(),
-                dst.len()
-            )));
-        }
-        if host.is_empty() {
-            return Ok(());
-        }
-        let mut view = dst.slice_mut(..host.len());
-        self.stream
-            .memcpy_htod(host, &mut view)
-            .map_err(driver_err("upload"))
     }
 
     /// Device address of `buf` plus `offset` elements.

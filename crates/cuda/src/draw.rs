@@ -28,15 +28,23 @@ impl GpuModel {
             self.gpu.synchronize()?;
             return Ok(Vec::new());
         };
-        if l.rows != plans.len() {
+        self.draw_at(l.logits_ptr(&self.gpu), l.rows, plans)
+    }
+
+    /// Draws the `rows` logits rows at `logits` (one per plan; spent).
+    pub(crate) fn draw_at(
+        &self,
+        logits: u64,
+        rows: usize,
+        plans: &[RowPlan],
+    ) -> Result<Vec<Drawn>> {
+        if rows != plans.len() {
             return Err(CudaError::Unsupported(format!(
-                "{} logits rows for {} sampling plans",
-                l.rows,
+                "{rows} logits rows for {} sampling plans",
                 plans.len()
             )));
         }
-        let vocab = self.cfg.vocab_size;
-        self.gpu.sample_rows(l.logits_ptr(&self.gpu), vocab, plans)
+        self.gpu.sample_rows(logits, self.cfg.vocab_size, plans)
     }
 }
 

@@ -105,12 +105,19 @@ impl GpuModel {
             self.gpu.synchronize()?;
             return Ok(Vec::new());
         };
+        self.download_logits(l.logits_ptr(&self.gpu), l.rows)
+    }
+
+    /// `rows` rows of f32 logits at device address `logits`, copied to the
+    /// host through the model's pinned buffer.
+    pub(crate) fn download_logits(&self, logits: u64, rows: usize) -> Result<Vec<f32>> {
         let mut pinned = self
             .pinned
             .lock()
             .map_err(|_| CudaError::Unsupported("pinned buffer lock poisoned".into()))?;
+        let n = rows * self.cfg.vocab_size;
         self.gpu
-            .download_pinned(&l.logits, &mut pinned, <[f32]>::to_vec)
+            .download_pinned_at(logits, n, &mut pinned, <[f32]>::to_vec)
     }
 
     /// [`Self::forward`] as one row of `vocab` logits per logits index.

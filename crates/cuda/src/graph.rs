@@ -122,8 +122,8 @@ impl GpuModel {
         let gpu = &*self.gpu;
         // The metadata goes into the same buffers at the same offsets every
         // step of this key, ordered on the stream before the launch.
-        gpu.upload_prefix(&padded.meta, &mut pool.meta)?;
-        gpu.upload_prefix(&padded.slots, &mut pool.slots)?;
+        gpu.upload_into(&padded.meta, &mut pool.meta)?;
+        gpu.upload_into(&padded.slots, &mut pool.slots)?;
         let graph = match graphs.graphs.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
@@ -159,13 +159,7 @@ impl GpuModel {
 
     /// A replayed step's logits downloaded (through the pinned buffer).
     pub fn graph_logits(&self, out: &GraphLogits) -> Result<Vec<f32>> {
-        let mut pinned = self
-            .pinned
-            .lock()
-            .map_err(|_| CudaError::Unsupported("pinned buffer lock poisoned".into()))?;
-        let n = out.rows * self.cfg.vocab_size;
-        self.gpu
-            .download_pinned_at(out.ptr, n, &mut pinned, <[f32]>::to_vec)
+        self.download_logits(out.ptr, out.rows)
     }
 
     /// The step's launches recorded into a graph (nothing runs).

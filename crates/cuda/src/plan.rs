@@ -233,16 +233,14 @@ mod tests {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden");
         let cfg = |name: &str| agentd_runtime::ModelConfig::from_dir(&dir.join(name)).unwrap();
-        for ok in [
-            "gqa4-tied",
-            "gqa2-untied",
-            "glm4-gqa2",
-            "glm4-gqa1-tied",
-            "qwen3moe-gqa2",
-            "qwen3moe-gqa1-tied",
-            "glm4moe-gqa2",
-            "glm4moe-gqa1-tied",
-        ] {
+        // Every golden fixture (each family, tied and untied, GQA 1-4).
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert!(names.len() >= 8, "{names:?}");
+        for ok in &names {
             assert!(supported(&cfg(ok)).is_ok(), "{ok}");
         }
         let glm = cfg("glm4-gqa2");

@@ -99,9 +99,6 @@ impl GpuRunner {
         self.draw_on_device = on;
         self
     }
-}
-
-impl GpuRunner {
     /// Queues the tier's copies (none: nothing; copies without a tier: the
     /// engine's error for a runner without one).
     fn queue_copies(&mut self, copies: &[BlockCopy]) -> agentd_runtime::Result<()> {
@@ -217,17 +214,8 @@ impl StepRunner for GpuRunner {
         self.queue_copies(copies)?;
         if let Some(out) = self.replay(copies, batch)? {
             let model = self.model.as_ref().ok_or_else(released)?;
-            if out.rows != plans.len() {
-                return Err(to_model_error(CudaError::Unsupported(format!(
-                    "{} logits rows for {} sampling plans",
-                    out.rows,
-                    plans.len()
-                ))));
-            }
-            let vocab = model.config().vocab_size;
-            return self
-                .gpu
-                .sample_rows(out.ptr, vocab, plans)
+            return model
+                .draw_at(out.ptr, out.rows, plans)
                 .map_err(to_model_error);
         }
         let model = self.model.as_ref().ok_or_else(released)?;

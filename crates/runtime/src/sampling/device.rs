@@ -235,6 +235,22 @@ pub struct Drawn {
     pub top: Vec<(u32, f32)>,
 }
 
+impl Drawn {
+    /// `token` of the raw `row` with its logprob and the alternatives, when
+    /// `raw` (the row's log-sum-exp and best logprobs) was computed.
+    pub(super) fn of(row: &[f32], token: usize, raw: Option<(f64, Vec<(u32, f32)>)>) -> Self {
+        let (logprob, top) = match raw {
+            Some((lse, top)) => (Some((row[token] as f64 - lse) as f32), top),
+            None => (None, Vec::new()),
+        };
+        Drawn {
+            token: token as u32,
+            logprob,
+            top,
+        }
+    }
+}
+
 /// Draws every row of `logits` by its plan, on the host: what a runner
 /// without a device sampler does ([`crate::StepRunner::step_and_draw`]).
 pub fn draw_rows(logits: &Logits, plans: &[RowPlan]) -> Result<Vec<Drawn>> {
@@ -265,16 +281,7 @@ pub fn draw_planned(row: &[f32], plan: &RowPlan) -> Result<Drawn> {
         plan.edit(r);
     }
     let edited = owned.as_deref().unwrap_or(row);
-    let token = choose(edited, plan) as u32;
-    let (logprob, top) = match raw {
-        Some((lse, top)) => (Some((row[token as usize] as f64 - lse) as f32), top),
-        None => (None, Vec::new()),
-    };
-    Ok(Drawn {
-        token,
-        logprob,
-        top,
-    })
+    Ok(Drawn::of(row, choose(edited, plan), raw))
 }
 
 /// Greedy, or the Gumbel-max over the host sampler's candidate set.

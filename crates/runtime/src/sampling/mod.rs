@@ -130,23 +130,12 @@ impl SequenceSampler {
         let raw = self.params.logprobs.map(|n| raw_logprobs(logits, n));
         let owned = self.edited(logits, eos)?;
         let row = owned.as_deref().unwrap_or(logits);
-        let token = if self.params.temperature < 1e-5 {
+        let token = if self.params.temperature < device::GREEDY_BELOW {
             argmax(row)
         } else {
             self.draw(row)
         };
-        let (logprob, top) = match raw {
-            Some((lse, top)) => (Some((logits[token] as f64 - lse) as f32), top),
-            None => (None, Vec::new()),
-        };
-        self.accept(
-            device::Drawn {
-                token: token as u32,
-                logprob,
-                top,
-            },
-            eos,
-        )
+        self.accept(device::Drawn::of(logits, token, raw), eos)
     }
 
     /// The row after the token controls, the penalties and the grammar's

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use agentd_cuda::{Dtype, Gpu, GpuModel, Result};
+use agentd_cuda::{CudaError, Dtype, Gpu, GpuModel, Result};
 use agentd_models::loader::Weights;
 use agentd_models::Qwen3Model;
 use agentd_runtime::{BatchBuilder, LogitsFor, Qwen3Config};
@@ -14,20 +14,6 @@ use serde_json::Value;
 
 use crate::{rel_l2, Report};
 
-/// Qwen3 dense, GLM-4-0414 dense (q/k/v bias, partial interleaved RoPE,
-/// the sub-blocks' output norms), Qwen3-MoE (routed experts), GLM-4.5
-/// (grouped sigmoid routing, shared experts, partial neox RoPE).
-const MODELS: [&str; 9] = [
-    "gqa4-tied",
-    "gqa2-untied",
-    "gqa1-untied",
-    "glm4-gqa2",
-    "glm4-gqa1-tied",
-    "qwen3moe-gqa2",
-    "qwen3moe-gqa1-tied",
-    "glm4moe-gqa2",
-    "glm4moe-gqa1-tied",
-];
 const BLOCK: usize = 16;
 
 struct Case {
@@ -87,7 +73,16 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 pub fn run(gpu: &Arc<Gpu>, fixtures: &Path, report: &mut Report) -> Result<()> {
-    for name in MODELS {
+    // Every fixture directory: Qwen3 dense, GLM-4-0414 dense, Qwen3-MoE,
+    // GLM-4.5, tied and untied, GQA 1-4.
+    let mut names: Vec<String> = std::fs::read_dir(fixtures)
+        .map_err(|e| CudaError::Unsupported(format!("{}: {e}", fixtures.display())))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for name in &names {
         let dir = fixtures.join(name);
         let Some(cases) = cases(&dir) else {
             report.fail(
