@@ -27,14 +27,6 @@ using namespace agentd;
 #define DECODE_U 4
 #define DECODE_HC 4
 
-template <typename T>
-__device__ __forceinline__ void load8(const T* __restrict__ p, float (&f)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
-}
-
 template <typename T, int D>
 __device__ void decode_impl(T* __restrict__ out, float* __restrict__ tmp_out,
                             float* __restrict__ tmp_max, float* __restrict__ tmp_sum,

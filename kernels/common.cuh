@@ -19,6 +19,15 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
 
+// Eight consecutive elements (one 16-byte load; `p` 16-byte aligned) as f32.
+template <typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ p, float (&f)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = to_float(e[i]);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -190,7 +190,13 @@ fn kv_cache_sized_from_memory() {
     );
 
     // The GPU-only paths are refused on the CPU with the device they need.
-    for flag in ["--device-sampling", "--fused-prologue", "--cuda-graphs"] {
+    for flag in [
+        "--device-sampling",
+        "--fused-prologue",
+        "--single-pass-decode",
+        "--device-moe",
+        "--cuda-graphs",
+    ] {
         let (status, lines) = serve_fails_env("serve-kv", [path, flag], &[]);
         assert!(!status.success(), "{flag}");
         let err = lines

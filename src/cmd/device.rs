@@ -19,8 +19,8 @@ use super::kv_size::KvPlan;
 pub struct GpuPaths {
     /// `--device-sampling`.
     pub device_sampling: bool,
-    /// `--fused-prologue`.
-    pub fused_prologue: bool,
+    /// `--fused-prologue`, `--single-pass-decode`, `--device-moe`.
+    pub kernels: agentd_cuda::Kernels,
     /// `--cuda-graphs` without `--enforce-eager`.
     pub graphs: bool,
 }
@@ -124,7 +124,7 @@ fn runners(
         let mut runner = agentd_cuda::GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?
             .with_replica(r)
             .with_device_sampling(paths.device_sampling)
-            .with_fused_prologue(paths.fused_prologue);
+            .with_kernels(paths.kernels);
         if paths.graphs {
             runner = runner.with_graphs(cfg.scheduler.max_running.saturating_mul(2), window);
         }

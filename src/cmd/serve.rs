@@ -60,6 +60,16 @@ pub struct ServeArgs {
     /// (three launches become one). Off until an H200 run has checked it.
     #[arg(long)]
     pub fused_prologue: bool,
+    /// CUDA: decode attention in one pass over K and V (online softmax per
+    /// token slot) for groups of up to 8 query heads per KV head. Off until
+    /// an H200 run has checked it.
+    #[arg(long)]
+    pub single_pass_decode: bool,
+    /// CUDA, MoE models: routing, grouping per expert and the expert
+    /// products (a grouped GEMM) on the GPU, with no synchronisation per
+    /// sparse layer. Off until an H200 run has checked it.
+    #[arg(long)]
+    pub device_moe: bool,
     /// CUDA: replay decode steps as CUDA graphs per batch bucket (vLLM's
     /// capture sizes); prefill and mixed steps run eagerly. Off until an
     /// H200 run has checked it; vLLM's --enforce-eager turns it off.
@@ -335,15 +345,25 @@ fn start_engine(
         let dtype = args.dtype.dtype;
         let paths = super::device::GpuPaths {
             device_sampling: args.device_sampling,
-            fused_prologue: args.fused_prologue,
+            kernels: agentd_cuda::Kernels {
+                fused_prologue: args.fused_prologue,
+                single_pass_decode: args.single_pass_decode,
+                device_moe: args.device_moe,
+            },
             graphs: args.cuda_graphs && !args.vllm.enforce_eager,
         };
         return super::device::start_cuda(model_dir, cfg, dtype, kv, paths);
     }
-    anyhow::ensure!(
-        !(args.device_sampling || args.fused_prologue || args.cuda_graphs),
-        "--device-sampling, --fused-prologue and --cuda-graphs need --device cuda"
-    );
+    let gpu_only = [
+        (args.device_sampling, "--device-sampling"),
+        (args.fused_prologue, "--fused-prologue"),
+        (args.single_pass_decode, "--single-pass-decode"),
+        (args.device_moe, "--device-moe"),
+        (args.cuda_graphs, "--cuda-graphs"),
+    ];
+    if let Some((_, flag)) = gpu_only.iter().find(|(on, _)| *on) {
+        anyhow::bail!("{flag} needs --device cuda");
+    }
     let dtype = args.dtype.dtype;
     tracing::info!(dir = %model_dir.display(), %dtype, "loading model");
     let mut bar = None;

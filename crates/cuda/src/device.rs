@@ -17,7 +17,7 @@ use crate::error::{CudaError, Result};
 use crate::plan::{Dtype, MAX_SMEM_BYTES};
 
 /// The fat binaries build.rs compiled from `kernels/`.
-const MODULES: [(&str, &[u8]); 4] = [
+const MODULES: [(&str, &[u8]); 5] = [
     (
         "layers",
         include_bytes!(concat!(env!("OUT_DIR"), "/layers.fatbin")),
@@ -29,6 +29,10 @@ const MODULES: [(&str, &[u8]); 4] = [
     (
         "attention",
         include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin")),
+    ),
+    (
+        "decode_1p",
+        include_bytes!(concat!(env!("OUT_DIR"), "/decode_1p.fatbin")),
     ),
     (
         "sample",
@@ -66,6 +70,17 @@ fn entry_points(module: &str) -> Vec<String> {
             v
         }
         "sample" => vec!["sample_rows".into()],
+        "decode_1p" => {
+            let mut v = Vec::new();
+            for t in ["bf16", "f16"] {
+                for d in crate::plan::HEAD_DIMS {
+                    for g in crate::plan::SINGLE_PASS_GROUPS {
+                        v.push(format!("paged_decode_1p_{t}_d{d}_g{g}"));
+                    }
+                }
+            }
+            v
+        }
         _ => {
             let mut v = typed(&["paged_decode_reduce"]);
             for t in ["bf16", "f16"] {

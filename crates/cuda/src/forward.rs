@@ -9,7 +9,7 @@ use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::model::{Ffn, GpuKvCache, GpuModel, Layer};
 use crate::ops::DecodeScratch;
-use crate::plan::{block_table_matrix, prefill_tiles, AttnShape};
+use crate::plan::{block_table_matrix, prefill_tiles, AttnShape, DecodeKernel, Kernels};
 use crate::tier::GpuHostTier;
 
 /// Activations of one step, sized for `cap` tokens and reused while a step
@@ -71,9 +71,9 @@ pub struct DeviceLogits {
 pub struct StepOpts<'a> {
     /// The host tier whose queued copies each layer waits for.
     pub tier: Option<&'a GpuHostTier>,
-    /// Q/K norm + RoPE and the cache write in one launch
-    /// (`--fused-prologue`).
-    pub fused_prologue: bool,
+    /// The kernels beyond the validated path (`--fused-prologue`,
+    /// `--single-pass-decode`, `--device-moe`).
+    pub kernels: Kernels,
 }
 
 impl DeviceLogits {
@@ -172,7 +172,8 @@ impl GpuModel {
         };
         let step = StepPtrs {
             shape,
-            fused: self.fuses_prologue(opts.fused_prologue),
+            kernels: self.kernels_for(opts.kernels),
+            decode_kernel: DecodeKernel::choose(opts.kernels.single_pass_decode, &shape),
             t,
             s: batch.num_seqs(),
             decode,
@@ -294,7 +295,7 @@ impl GpuModel {
         }
         let q_norm = layer.q_norm.as_ref().map(|b| gpu.ptr(b, 0));
         let k_norm = layer.k_norm.as_ref().map(|b| gpu.ptr(b, 0));
-        if step.fused {
+        if step.kernels.fused_prologue {
             let kvc = (gpu.ptr(&cache.k[l], 0), gpu.ptr(&cache.v[l], 0));
             let (sh, slots) = (&step.shape, step.meta.slots);
             return gpu.qkv_prologue(
@@ -327,7 +328,7 @@ impl GpuModel {
         let (shape, qkvp, attn) = (&step.shape, step.ws.qkv, step.ws.attn);
         let (kc, vc) = (gpu.ptr(&cache.k[l], 0), gpu.ptr(&cache.v[l], 0));
         let (k_at, v_at) = (h * d, (h + kv) * d);
-        if !step.fused {
+        if !step.kernels.fused_prologue {
             gpu.reshape_and_cache(
                 dt,
                 qkvp,
@@ -344,8 +345,10 @@ impl GpuModel {
         let (tp, mb, ctx) = (step.meta.tables, step.meta.max_blocks, step.meta.ctx);
         if step.decode {
             let (s, max_ctx, scratch) = (step.s, step.max_ctx, &step.scratch);
+            let kernel = step.decode_kernel;
             gpu.paged_decode(
-                dt, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, ctx, s, max_ctx, scale, scratch,
+                dt, kernel, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, ctx, s, max_ctx, scale,
+                scratch,
             )
         } else {
             let (cu, tiles, n) = (step.meta.cu, step.meta.tiles, step.meta.num_tiles);
@@ -483,8 +486,11 @@ impl StepMeta {
 /// the stream orders the launches before any later free).
 pub(crate) struct StepPtrs {
     pub shape: AttnShape,
-    /// The prologue fused (`qkv_prologue`): the cache is written there.
-    pub fused: bool,
+    /// The kernels this step uses; with the prologue fused
+    /// (`qkv_prologue`) the cache is written there.
+    pub kernels: Kernels,
+    /// The decode attention kernel (a decode step).
+    pub decode_kernel: DecodeKernel,
     pub t: usize,
     pub s: usize,
     pub decode: bool,

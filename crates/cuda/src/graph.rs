@@ -24,6 +24,7 @@ use crate::forward::{MetaPtrs, StepPtrs, Workspace};
 use crate::graph_plan::{capture_sizes, key_for, pad_decode, GraphKey, PoolNeed};
 use crate::model::{GpuKvCache, GpuModel};
 use crate::ops::DecodeScratch;
+use crate::plan::{DecodeKernel, Kernels};
 
 struct Pool {
     need: PoolNeed,
@@ -96,7 +97,7 @@ impl GpuModel {
         batch: &BatchInput,
         cache: &mut GpuKvCache,
         graphs: &mut DecodeGraphs,
-        fused_prologue: bool,
+        kernels: Kernels,
     ) -> Result<Option<GraphLogits>> {
         // A sparse layer downloads its routing mid-step: never captured.
         if self.cfg.moe.is_some() {
@@ -131,7 +132,8 @@ impl GpuModel {
                 meta.max_blocks = padded.max_blocks;
                 let step = StepPtrs {
                     shape,
-                    fused: self.fuses_prologue(fused_prologue),
+                    kernels: self.kernels_for(kernels),
+                    decode_kernel: DecodeKernel::choose(kernels.single_pass_decode, &shape),
                     t: key.batch,
                     s: key.batch,
                     decode: true,

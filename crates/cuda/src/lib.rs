@@ -5,6 +5,8 @@
 //! and the four families (Qwen3, Qwen3-MoE, GLM-4, GLM-4.5) on the GPU over a caller-owned paged KV cache with
 //! the same [`agentd_runtime::BatchInput`] as the CPU runtime.
 //!
+//! - [`decode_ref`]: the single-pass decode kernel's algorithm on the host
+//!   (`--single-pass-decode`), tested against a plain softmax.
 //! - [`graph_plan`]: which decode steps replay a CUDA graph, their bucket
 //!   and padded metadata. Pure, always built, tested in CI.
 //! - [`moe_plan`]: Qwen3-MoE routing grouped per expert for the device.
@@ -32,6 +34,7 @@
 //! With it, the driver and cuBLAS are loaded at run time (cudarc's dynamic
 //! loading), so a binary built on a machine without a GPU runs on one with it.
 
+pub mod decode_ref;
 pub mod error;
 pub mod graph_plan;
 pub mod moe_plan;
@@ -79,4 +82,4 @@ pub use tier::GpuHostTier;
 pub use weights::{GpuLoader, GpuWeights};
 
 pub use error::{CudaError, Result};
-pub use plan::Dtype;
+pub use plan::{DecodeKernel, Dtype, Kernels};

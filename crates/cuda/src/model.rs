@@ -22,7 +22,7 @@ use agentd_runtime::{KvCacheConfig, Qwen3Config};
 use crate::device::{Buf, Gpu};
 use crate::error::Result;
 use crate::forward::Workspace;
-use crate::plan::{rope_table, Dtype};
+use crate::plan::{rope_table, Dtype, Kernels};
 use crate::stage;
 
 /// A layer's feed-forward block.
@@ -329,10 +329,16 @@ impl GpuModel {
         })
     }
 
-    /// Whether `--fused-prologue` applies: the fused kernel is Qwen3's
-    /// (q/k norm, neox RoPE over whole heads).
-    pub(crate) fn fuses_prologue(&self, asked: bool) -> bool {
-        asked && self.cfg.family == agentd_runtime::Family::Qwen3
+    /// The kernels `asked` that apply to this model: the fused prologue is
+    /// Qwen3's (q/k norm, neox RoPE over whole heads); device MoE needs
+    /// sparse layers.
+    pub(crate) fn kernels_for(&self, asked: Kernels) -> Kernels {
+        Kernels {
+            fused_prologue: asked.fused_prologue
+                && self.cfg.family == agentd_runtime::Family::Qwen3,
+            single_pass_decode: asked.single_pass_decode,
+            device_moe: asked.device_moe && self.cfg.moe.is_some(),
+        }
     }
 
     pub fn config(&self) -> &Qwen3Config {

@@ -4,7 +4,9 @@
 
 use crate::device::{Arg, Gpu};
 use crate::error::{CudaError, Result};
-use crate::plan::{decode_plan, prefill_smem_bytes, AttnShape, DecodePlan, Dtype, ATTN_THREADS};
+use crate::plan::{
+    decode_plan, prefill_smem_bytes, AttnShape, DecodeKernel, DecodePlan, Dtype, ATTN_THREADS,
+};
 
 fn name(base: &str, dt: Dtype) -> String {
     format!("{base}_{}", dt.suffix())
@@ -501,12 +503,14 @@ impl Gpu {
     }
 
     /// Decode attention: token s of the batch is the one new token of
-    /// sequence s. `scratch` holds `rows * head_dim`, `rows`, `rows` floats
+    /// sequence s, by `kernel` (both take the same split and scratch).
+    /// `scratch` holds `rows * head_dim`, `rows`, `rows` floats
     /// (see [`Gpu::decode_scratch_len`]) when the plan has several partitions.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_decode(
         &self,
         dt: Dtype,
+        kernel: DecodeKernel,
         shape: &AttnShape,
         out: u64,
         q: u64,
@@ -523,16 +527,23 @@ impl Gpu {
     ) -> Result<()> {
         shape.check()?;
         let plan = decode_plan(shape, num_seqs, max_context);
-        let kernel = format!("paged_decode_{}_d{}", dt.suffix(), shape.head_dim);
+        if let DecodeKernel::SinglePass { group } = kernel {
+            if shape.group() > group {
+                return Err(CudaError::Unsupported(format!(
+                    "the single-pass decode instance for groups of {group} given {}",
+                    shape.group()
+                )));
+            }
+        }
         self.launch(
-            &kernel,
+            &kernel.name(dt, shape),
             (
                 shape.num_kv_heads as u32,
                 num_seqs as u32,
                 plan.num_partitions as u32,
             ),
             ATTN_THREADS,
-            plan.smem_bytes,
+            kernel.smem_bytes(shape, &plan),
             &[
                 Arg::Ptr(out),
                 Arg::Ptr(scratch.out),

@@ -135,6 +135,68 @@ pub fn decode_plan(shape: &AttnShape, num_seqs: usize, max_context: usize) -> De
     }
 }
 
+/// Query heads per KV head the single-pass decode kernel is built for
+/// (`paged_decode_1p_*_g{G}`; a group is rounded up to the next one).
+pub const SINGLE_PASS_GROUPS: [usize; 4] = [1, 2, 4, 8];
+
+/// The kernels a step may use beyond the path validated on an H200, each
+/// behind its flag until a device run has checked it (`kernels/NOTES.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kernels {
+    /// Q/K norm + RoPE and the cache write in one launch (`--fused-prologue`).
+    pub fused_prologue: bool,
+    /// Decode attention in one pass over K and V (`--single-pass-decode`).
+    pub single_pass_decode: bool,
+    /// MoE routing, grouping and the expert products on the device, with no
+    /// synchronisation (`--device-moe`).
+    pub device_moe: bool,
+}
+
+/// Which kernel runs a decode step's attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// `paged_decode_*`: scores to shared memory, a CTA-wide softmax, then
+    /// a second sweep over V (the validated kernel).
+    TwoPass,
+    /// `paged_decode_1p_*_g{group}`: K and V read together, online softmax
+    /// per token slot (`kernels/decode_1p.cu`); `group` is the instance's.
+    SinglePass { group: usize },
+}
+
+impl DecodeKernel {
+    /// The single-pass kernel when asked for and built for the shape's
+    /// group; otherwise the two-pass one.
+    pub fn choose(single_pass: bool, shape: &AttnShape) -> Self {
+        let g = shape.group();
+        match SINGLE_PASS_GROUPS.iter().find(|&&b| b >= g) {
+            Some(&group) if single_pass => DecodeKernel::SinglePass { group },
+            _ => DecodeKernel::TwoPass,
+        }
+    }
+
+    /// The entry point for `dt` and the shape's head dimension.
+    pub fn name(self, dt: Dtype, shape: &AttnShape) -> String {
+        let (t, d) = (dt.suffix(), shape.head_dim);
+        match self {
+            DecodeKernel::TwoPass => format!("paged_decode_{t}_d{d}"),
+            DecodeKernel::SinglePass { group } => format!("paged_decode_1p_{t}_d{d}_g{group}"),
+        }
+    }
+
+    /// Dynamic shared memory of the launch (`plan`: the step's split).
+    pub fn smem_bytes(self, shape: &AttnShape, plan: &DecodePlan) -> usize {
+        match self {
+            DecodeKernel::TwoPass => plan.smem_bytes,
+            DecodeKernel::SinglePass { group } => {
+                // q, the slots' P·V, their maxima and sums (decode_1p.cu).
+                let d = shape.head_dim;
+                let slots = ATTN_THREADS as usize / (d / 8);
+                4 * (group * d + slots * group * d + 2 * slots * group)
+            }
+        }
+    }
+}
+
 /// Whether the CUDA backend runs `cfg`, a config of one of the four
 /// families: Qwen3 dense and Qwen3-MoE (q/k norm, neox RoPE over whole
 /// heads; softmax top-k routing), GLM-4-0414 dense (no q/k norm,

@@ -14,6 +14,7 @@ use crate::error::CudaError;
 use crate::forward::StepOpts;
 use crate::graph::{DecodeGraphs, GraphLogits};
 use crate::model::{GpuKvCache, GpuModel};
+use crate::plan::Kernels;
 use crate::tier::GpuHostTier;
 use crate::weights::GpuWeights;
 
@@ -29,8 +30,8 @@ pub struct GpuRunner {
     draw_on_device: bool,
     /// The host KV tier (`--kv-offloading-size`), if any.
     tier: Option<GpuHostTier>,
-    /// `--fused-prologue`.
-    fused_prologue: bool,
+    /// `--fused-prologue`, `--single-pass-decode`, `--device-moe`.
+    kernels: Kernels,
     /// Decode graphs (`--cuda-graphs`; needs a [`crate::Gpu::new_for_graphs`]
     /// device).
     graphs: Option<DecodeGraphs>,
@@ -49,15 +50,16 @@ impl GpuRunner {
             device,
             draw_on_device: false,
             tier: None,
-            fused_prologue: false,
+            kernels: Kernels::default(),
             graphs: None,
             replica: 0,
         })
     }
 
-    /// Runs Q/K norm + RoPE and the cache write as one kernel.
-    pub fn with_fused_prologue(mut self, on: bool) -> Self {
-        self.fused_prologue = on;
+    /// Runs the kernels `kernels` turns on (each off by default: the
+    /// validated path).
+    pub fn with_kernels(mut self, kernels: Kernels) -> Self {
+        self.kernels = kernels;
         self
     }
 
@@ -89,7 +91,7 @@ impl GpuRunner {
         }
         let model = self.model.as_ref().ok_or_else(released)?;
         model
-            .forward_graph(batch, &mut self.cache, graphs, self.fused_prologue)
+            .forward_graph(batch, &mut self.cache, graphs, self.kernels)
             .map_err(to_model_error)
     }
 
@@ -152,10 +154,10 @@ fn released() -> ModelError {
 
 /// A step's [`StepOpts`] from the runner's fields (borrowed apart from its
 /// cache, which the step takes mutably).
-fn opts(tier: &Option<GpuHostTier>, fused_prologue: bool) -> StepOpts<'_> {
+fn opts(tier: &Option<GpuHostTier>, kernels: Kernels) -> StepOpts<'_> {
     StepOpts {
         tier: tier.as_ref(),
-        fused_prologue,
+        kernels,
     }
 }
 
@@ -189,11 +191,7 @@ impl StepRunner for GpuRunner {
         }
         let model = self.model.as_ref().ok_or_else(released)?;
         let flat = model
-            .forward_after(
-                batch,
-                &mut self.cache,
-                opts(&self.tier, self.fused_prologue),
-            )
+            .forward_after(batch, &mut self.cache, opts(&self.tier, self.kernels))
             .map_err(to_model_error)?;
         if flat.is_empty() {
             return Ok(Logits::empty());
@@ -223,7 +221,7 @@ impl StepRunner for GpuRunner {
             .forward_and_draw(
                 batch,
                 &mut self.cache,
-                opts(&self.tier, self.fused_prologue),
+                opts(&self.tier, self.kernels),
                 plans,
             )
             .map_err(to_model_error)

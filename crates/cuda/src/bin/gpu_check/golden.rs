@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use agentd_cuda::{CudaError, Dtype, Gpu, GpuModel, Result};
+use agentd_cuda::{CudaError, Dtype, Gpu, GpuModel, Kernels, Result, StepOpts};
 use agentd_models::loader::Weights;
 use agentd_models::Qwen3Model;
 use agentd_runtime::{BatchBuilder, LogitsFor, Qwen3Config};
@@ -96,48 +96,84 @@ pub fn run(gpu: &Arc<Gpu>, fixtures: &Path, report: &mut Report) -> Result<()> {
         let cpu = Qwen3Model::from_weights(cfg.clone(), &weights)?;
         for dt in [Dtype::Bf16, Dtype::F16] {
             let model = GpuModel::from_weights(gpu.clone(), cfg.clone(), &weights, dt)?;
-            let (mut worst_cpu, mut worst_hf, mut same, mut steps) = (0f64, 0f64, 0usize, 0usize);
-            for case in &cases {
-                let nb = (case.ids.len() + case.greedy.len()).div_ceil(BLOCK) + 1;
-                let table: Vec<u32> = (0..nb as u32).rev().collect();
-                let mut gcache = model.new_cache(nb, BLOCK)?;
-                let mut ccache = cpu.new_cache(nb, BLOCK)?;
-                let mut tokens = case.ids.clone();
-                let mut cached = 0;
-                for (i, (want_tok, want_logits)) in case.greedy.iter().enumerate() {
-                    let lf = if i == 0 && case.all_positions {
-                        LogitsFor::All
-                    } else {
-                        LogitsFor::Last
-                    };
-                    let mut b = BatchBuilder::new(BLOCK);
-                    b.push(&tokens[cached..], cached, &table, lf);
-                    let batch = b.build();
-                    let g = model.forward(&batch, &mut gcache)?;
-                    let c = cpu
-                        .forward(&batch, &mut ccache)?
-                        .flatten_all()
-                        .and_then(|t| t.to_vec1::<f32>())
-                        .map_err(agentd_runtime::ModelError::from)?;
-                    worst_cpu = worst_cpu.max(rel_l2(&g, &c));
-                    let v = cfg.vocab_size;
-                    let last = &g[g.len() - v..];
-                    worst_hf = worst_hf.max(rel_l2(last, want_logits));
-                    same += usize::from(argmax(last) == *want_tok);
-                    steps += 1;
-                    cached = tokens.len();
-                    tokens.push(*want_tok); // teacher-forced: later steps stay comparable
-                }
-            }
-            let tag = format!("golden {name} {}", dt.suffix());
-            let tol = match dt {
-                Dtype::Bf16 => 5e-2,
-                Dtype::F16 => 1e-2,
+            // The validated kernels, then every kernel behind a flag
+            // (--fused-prologue, --single-pass-decode, --device-moe).
+            let all = Kernels {
+                fused_prologue: true,
+                single_pass_decode: true,
+                device_moe: true,
             };
-            report.check(&format!("{tag}: logits vs CPU runtime"), worst_cpu, tol);
-            report.check(&format!("{tag}: logits vs transformers"), worst_hf, tol);
-            println!("{tag}: greedy token equal to transformers at {same}/{steps} steps");
+            for (label, kernels) in [("", Kernels::default()), (" +new kernels", all)] {
+                let w = replay(&model, &cpu, &cases, kernels)?;
+                let tag = format!("golden {name} {}{label}", dt.suffix());
+                let tol = match dt {
+                    Dtype::Bf16 => 5e-2,
+                    Dtype::F16 => 1e-2,
+                };
+                report.check(&format!("{tag}: logits vs CPU runtime"), w.cpu, tol);
+                report.check(&format!("{tag}: logits vs transformers"), w.hf, tol);
+                println!(
+                    "{tag}: greedy token equal to transformers at {}/{} steps",
+                    w.same, w.steps
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// The worst relative errors over a fixture's cases and the greedy agreement.
+struct Worst {
+    cpu: f64,
+    hf: f64,
+    same: usize,
+    steps: usize,
+}
+
+/// Prefill then teacher-forced decode steps of every case on the GPU (with
+/// `kernels`) and on the CPU runtime.
+fn replay(model: &GpuModel, cpu: &Qwen3Model, cases: &[Case], kernels: Kernels) -> Result<Worst> {
+    let mut w = Worst {
+        cpu: 0.0,
+        hf: 0.0,
+        same: 0,
+        steps: 0,
+    };
+    let opts = StepOpts {
+        tier: None,
+        kernels,
+    };
+    let v = model.config().vocab_size;
+    for case in cases {
+        let nb = (case.ids.len() + case.greedy.len()).div_ceil(BLOCK) + 1;
+        let table: Vec<u32> = (0..nb as u32).rev().collect();
+        let mut gcache = model.new_cache(nb, BLOCK)?;
+        let mut ccache = cpu.new_cache(nb, BLOCK)?;
+        let mut tokens = case.ids.clone();
+        let mut cached = 0;
+        for (i, (want_tok, want_logits)) in case.greedy.iter().enumerate() {
+            let lf = if i == 0 && case.all_positions {
+                LogitsFor::All
+            } else {
+                LogitsFor::Last
+            };
+            let mut b = BatchBuilder::new(BLOCK);
+            b.push(&tokens[cached..], cached, &table, lf);
+            let batch = b.build();
+            let g = model.forward_after(&batch, &mut gcache, opts)?;
+            let c = cpu
+                .forward(&batch, &mut ccache)?
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(agentd_runtime::ModelError::from)?;
+            w.cpu = w.cpu.max(rel_l2(&g, &c));
+            let last = &g[g.len() - v..];
+            w.hf = w.hf.max(rel_l2(last, want_logits));
+            w.same += usize::from(argmax(last) == *want_tok);
+            w.steps += 1;
+            cached = tokens.len();
+            tokens.push(*want_tok); // teacher-forced: later steps stay comparable
+        }
+    }
+    Ok(w)
 }

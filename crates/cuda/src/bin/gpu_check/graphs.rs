@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use agentd_cuda::{DecodeGraphs, Dtype, Gpu, GpuKvCache, GpuModel, Result};
+use agentd_cuda::{DecodeGraphs, Dtype, Gpu, GpuKvCache, GpuModel, Kernels, Result};
 use agentd_models::synth::ModelCard;
 use agentd_runtime::{BatchBuilder, BatchInput, LogitsFor};
 
@@ -62,7 +62,9 @@ pub fn run(report: &mut Report) -> Result<()> {
             let batch = decode_batch(b, cfg.vocab_size);
             let eager = model.forward(&batch, &mut cache)?;
             let mut graphs = DecodeGraphs::new(512, 8192);
-            let Some(out) = model.forward_graph(&batch, &mut cache, &mut graphs, false)? else {
+            let Some(out) =
+                model.forward_graph(&batch, &mut cache, &mut graphs, Kernels::default())?
+            else {
                 report.fail(
                     &format!("graph {card} b{b}"),
                     "no graph covers the decode step",
@@ -95,7 +97,7 @@ pub fn run(report: &mut Report) -> Result<()> {
                 e.push(gpu.time_ms(|| model.forward_device(&batch, &mut cache).map(drop))? as f64);
                 g.push(gpu.time_ms(|| {
                     model
-                        .forward_graph(&batch, &mut cache, &mut graphs, false)
+                        .forward_graph(&batch, &mut cache, &mut graphs, Kernels::default())
                         .map(drop)
                 })? as f64);
             }

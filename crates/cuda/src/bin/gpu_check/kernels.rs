@@ -3,7 +3,7 @@
 //! inputs rounded to the GPU dtype, with outputs poisoned (NaN) beforehand.
 
 use agentd_cuda::plan::{block_table_matrix, prefill_tiles, rope_table, AttnShape};
-use agentd_cuda::{Dtype, Gpu, Result};
+use agentd_cuda::{DecodeKernel, Dtype, Gpu, Result};
 use agentd_models::attention::{paged_attention, AttentionShape};
 use agentd_models::layers::{head_norm_rope, rms_norm, silu_mul_in_place, RopeBatch, RopeStyle};
 use agentd_models::{KvCacheConfig, PagedKvCache};
@@ -451,7 +451,6 @@ fn attention(
     paged_attention(&q, cpu.layer(0), &batch, cpu_shape, scale, &mut want);
 
     let qb = gpu.upload(&dt.encode_all(&q))?;
-    let out = gpu.upload(&vec![POISON; t * h * d])?;
     let (tables, max_blocks) = block_table_matrix(&batch.block_tables);
     let tb = gpu.upload(&tables)?;
     let ctx = gpu.upload(
@@ -469,67 +468,85 @@ fn attention(
             .collect::<Vec<_>>(),
     )?;
     let max_ctx = seqs.iter().map(|s| s.0).max().unwrap_or(1);
-    let (kp, vp, op, qp) = (
-        gpu.ptr(&kc, 0),
-        gpu.ptr(&vc, 0),
-        gpu.ptr(&out, 0),
-        gpu.ptr(&qb, 0),
-    );
-    let what = if prefill {
-        let tiles = prefill_tiles(&batch.cu_seqlens, shape.group());
-        let tl = gpu.upload(&tiles)?;
-        gpu.paged_prefill(
-            dt,
-            &shape,
-            op,
-            qp,
-            h * d,
-            kp,
-            vp,
-            gpu.ptr(&tb, 0),
-            max_blocks,
-            gpu.ptr(&cu, 0),
-            gpu.ptr(&ctx, 0),
-            gpu.ptr(&tl, 0),
-            tiles.len() / 2,
-            scale,
-        )?;
-        "paged_prefill"
+    let (kp, vp, qp) = (gpu.ptr(&kc, 0), gpu.ptr(&vc, 0), gpu.ptr(&qb, 0));
+    // Decode: the validated kernel and the single-pass one (where built
+    // for the group), each into freshly poisoned output.
+    let kernels: Vec<Option<DecodeKernel>> = if prefill {
+        vec![None]
     } else {
-        let (_, rows) = Gpu::decode_scratch_len(&shape, seqs.len(), max_ctx);
-        let (so, sm, ss) = (
-            gpu.zeros::<f32>(rows * d)?,
-            gpu.zeros::<f32>(rows)?,
-            gpu.zeros::<f32>(rows)?,
-        );
-        let scratch = agentd_cuda::DecodeScratch {
-            out: gpu.ptr(&so, 0),
-            max: gpu.ptr(&sm, 0),
-            sum: gpu.ptr(&ss, 0),
-        };
-        gpu.paged_decode(
-            dt,
-            &shape,
-            op,
-            qp,
-            h * d,
-            kp,
-            vp,
-            gpu.ptr(&tb, 0),
-            max_blocks,
-            gpu.ptr(&ctx, 0),
-            seqs.len(),
-            max_ctx,
-            scale,
-            &scratch,
-        )?;
-        "paged_decode"
+        let one = DecodeKernel::choose(true, &shape);
+        let mut v = vec![Some(DecodeKernel::TwoPass)];
+        if one != DecodeKernel::TwoPass {
+            v.push(Some(one));
+        }
+        v
     };
-    let got = dt.decode_all(&gpu.download(&out)?);
-    report.check(
-        &format!("{what} {tag} h{h} kv{kv} d{d} bs{bs}"),
-        rel_l2(&got, &want),
-        tol(dt),
-    );
+    for kernel in kernels {
+        let out = gpu.upload(&vec![POISON; t * h * d])?;
+        let op = gpu.ptr(&out, 0);
+        let what = match kernel {
+            None => {
+                let tiles = prefill_tiles(&batch.cu_seqlens, shape.group());
+                let tl = gpu.upload(&tiles)?;
+                gpu.paged_prefill(
+                    dt,
+                    &shape,
+                    op,
+                    qp,
+                    h * d,
+                    kp,
+                    vp,
+                    gpu.ptr(&tb, 0),
+                    max_blocks,
+                    gpu.ptr(&cu, 0),
+                    gpu.ptr(&ctx, 0),
+                    gpu.ptr(&tl, 0),
+                    tiles.len() / 2,
+                    scale,
+                )?;
+                "paged_prefill"
+            }
+            Some(kernel) => {
+                let (_, rows) = Gpu::decode_scratch_len(&shape, seqs.len(), max_ctx);
+                let (so, sm, ss) = (
+                    gpu.zeros::<f32>(rows * d)?,
+                    gpu.zeros::<f32>(rows)?,
+                    gpu.zeros::<f32>(rows)?,
+                );
+                let scratch = agentd_cuda::DecodeScratch {
+                    out: gpu.ptr(&so, 0),
+                    max: gpu.ptr(&sm, 0),
+                    sum: gpu.ptr(&ss, 0),
+                };
+                gpu.paged_decode(
+                    dt,
+                    kernel,
+                    &shape,
+                    op,
+                    qp,
+                    h * d,
+                    kp,
+                    vp,
+                    gpu.ptr(&tb, 0),
+                    max_blocks,
+                    gpu.ptr(&ctx, 0),
+                    seqs.len(),
+                    max_ctx,
+                    scale,
+                    &scratch,
+                )?;
+                match kernel {
+                    DecodeKernel::TwoPass => "paged_decode",
+                    DecodeKernel::SinglePass { .. } => "paged_decode_1p",
+                }
+            }
+        };
+        let got = dt.decode_all(&gpu.download(&out)?);
+        report.check(
+            &format!("{what} {tag} h{h} kv{kv} d{d} bs{bs}"),
+            rel_l2(&got, &want),
+            tol(dt),
+        );
+    }
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentd_cuda::{Dtype, Gpu, GpuModel, Result};
+use agentd_cuda::{Dtype, Gpu, GpuModel, Kernels, Result, StepOpts};
 use agentd_models::synth::ModelCard;
 use agentd_runtime::{BatchBuilder, LogitsFor};
 
@@ -41,9 +41,26 @@ pub fn run(gpu: &Arc<Gpu>, batches: &[usize], context: usize, report: &mut Repor
         bw / 1e12
     );
     let mut table = vec![format!(
-        "{:<12} {:>5} {:>6} {:>10} {:>10} {:>7} {:>10} {:>9}",
-        "model", "batch", "ctx", "device ms", "floor ms", "ratio", "+logits ms", "tok/s"
+        "{:<12} {:>5} {:>6} {:>10} {:>10} {:>7} {:>10} {:>9} {:>8} {:>7}",
+        "model",
+        "batch",
+        "ctx",
+        "device ms",
+        "floor ms",
+        "ratio",
+        "+logits ms",
+        "tok/s",
+        "1p ms",
+        "1p ratio"
     )];
+    // The same step with the single-pass decode attention (--single-pass-decode).
+    let one_pass = StepOpts {
+        tier: None,
+        kernels: Kernels {
+            single_pass_decode: true,
+            ..Kernels::default()
+        },
+    };
     let mut prefill = vec![format!(
         "{:<12} {:>7} {:>10} {:>9} {:>10}",
         "model", "tokens", "device ms", "TFLOP/s", "tok/s"
@@ -79,8 +96,14 @@ pub fn run(gpu: &Arc<Gpu>, batches: &[usize], context: usize, report: &mut Repor
             for _ in 0..3 {
                 model.forward(&batch, &mut cache)?;
             }
-            let (mut dev, mut wall) = (Vec::new(), Vec::new());
+            let (mut dev, mut wall, mut dev1p) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..20 {
+                let f = || {
+                    model
+                        .forward_device_after(&batch, &mut cache, one_pass)
+                        .map(drop)
+                };
+                dev1p.push(gpu.time_ms(f)? as f64 / 1e3);
                 dev.push(
                     gpu.time_ms(|| model.forward_device(&batch, &mut cache).map(|_| ()))? as f64
                         / 1e3,
@@ -89,11 +112,11 @@ pub fn run(gpu: &Arc<Gpu>, batches: &[usize], context: usize, report: &mut Repor
                 model.forward_rows(&batch, &mut cache)?;
                 wall.push(t0.elapsed().as_secs_f64());
             }
-            let (step, full) = (median(dev), median(wall));
+            let (step, full, step1p) = (median(dev), median(wall), median(dev1p));
             let bytes = model.weight_bytes_per_step() + b * (context + 1) * kv_bytes_per_token;
             let floor = bytes as f64 / bw;
             let line = format!(
-                "{:<12} {:>5} {:>6} {:>10.3} {:>10.3} {:>7.2} {:>10.3} {:>9.0}",
+                "{:<12} {:>5} {:>6} {:>10.3} {:>10.3} {:>7.2} {:>10.3} {:>9.0} {:>8.3} {:>7.2}",
                 name,
                 b,
                 context + 1,
@@ -101,7 +124,9 @@ pub fn run(gpu: &Arc<Gpu>, batches: &[usize], context: usize, report: &mut Repor
                 floor * 1e3,
                 step / floor,
                 (full - step).max(0.0) * 1e3,
-                b as f64 / step
+                b as f64 / step,
+                step1p * 1e3,
+                step1p / floor
             );
             println!("{line}");
             table.push(line);
