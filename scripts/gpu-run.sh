@@ -26,6 +26,6 @@ step() { # NAME CMD...
 }
 step gpu-check scripts/gpu-check.sh
 step serve-default scripts/gpu-serve-check.sh
-export GPU_FLAGS=${GPU_FLAGS:-"--device-sampling --fused-prologue --cuda-graphs --kv-offloading-size 2"}
+export GPU_FLAGS=${GPU_FLAGS:-"--device-sampling --fused-prologue --single-pass-decode --device-moe --cuda-graphs --kv-offloading-size 2"}
 step serve-unvalidated scripts/gpu-serve-check.sh
 exit "$rc"

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: [&str; 5] = ["layers", "cache", "attention", "decode_1p", "sample"];
+const KERNELS: [&str; 6] = ["layers", "cache", "attention", "decode_1p", "moe", "sample"];
 const DEFAULT_GENCODE: [&str; 3] = [
     "arch=compute_90a,code=sm_90a",
     "arch=compute_120,code=sm_120",

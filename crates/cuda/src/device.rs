@@ -17,7 +17,7 @@ use crate::error::{CudaError, Result};
 use crate::plan::{Dtype, MAX_SMEM_BYTES};
 
 /// The fat binaries build.rs compiled from `kernels/`.
-const MODULES: [(&str, &[u8]); 5] = [
+const MODULES: [(&str, &[u8]); 6] = [
     (
         "layers",
         include_bytes!(concat!(env!("OUT_DIR"), "/layers.fatbin")),
@@ -33,6 +33,10 @@ const MODULES: [(&str, &[u8]); 5] = [
     (
         "decode_1p",
         include_bytes!(concat!(env!("OUT_DIR"), "/decode_1p.fatbin")),
+    ),
+    (
+        "moe",
+        include_bytes!(concat!(env!("OUT_DIR"), "/moe.fatbin")),
     ),
     (
         "sample",
@@ -70,6 +74,11 @@ fn entry_points(module: &str) -> Vec<String> {
             v
         }
         "sample" => vec!["sample_rows".into()],
+        "moe" => {
+            let mut v = typed(&["moe_gemm", "moe_combine"]);
+            v.extend(["moe_route", "moe_align_count", "moe_align_scatter"].map(String::from));
+            v
+        }
         "decode_1p" => {
             let mut v = Vec::new();
             for t in ["bf16", "f16"] {

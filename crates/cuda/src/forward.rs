@@ -380,6 +380,7 @@ impl GpuModel {
                 gpu.silu_mul(dt, act, gu, t, inter)?;
                 gpu.linear(dt, act, w(wd), down, false, t, hid, inter)?;
             }
+            Ffn::Sparse(moe) if step.kernels.device_moe => self.moe_forward_device(step, moe)?,
             Ffn::Sparse(moe) => self.moe_forward(step, moe)?,
         }
         match &layer.mlp_out_norm {

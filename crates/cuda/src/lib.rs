@@ -56,6 +56,8 @@ mod model;
 #[cfg(feature = "cuda")]
 mod moe;
 #[cfg(feature = "cuda")]
+mod moe_device;
+#[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]
 mod runner;
@@ -72,6 +74,8 @@ pub use forward::{DeviceLogits, StepOpts};
 pub use graph::{DecodeGraphs, GraphLogits};
 #[cfg(feature = "cuda")]
 pub use model::{GpuKvCache, GpuModel};
+#[cfg(feature = "cuda")]
+pub use moe_device::RoutedDownload;
 #[cfg(feature = "cuda")]
 pub use ops::DecodeScratch;
 #[cfg(feature = "cuda")]

@@ -30,17 +30,57 @@ pub(crate) enum Ffn {
     /// Gate and up fused `[2 * inter, hidden]`, down `[hidden, inter]`.
     Dense { gate_up: Buf<u16>, down: Buf<u16> },
     /// A sparse MoE block.
-    Sparse(SparseFfn),
+    Sparse(Box<SparseFfn>),
 }
 
 /// The router `[experts, hidden]`, each expert's fused gate/up and down,
-/// GLM-4.5's `e_score_correction_bias` (on the host: routing runs there)
-/// and shared experts (one SwiGLU MLP of `n_shared × moe_inter`).
+/// GLM-4.5's `e_score_correction_bias` (on the host, where the validated
+/// path routes; and on the device for `--device-moe`), shared experts (one
+/// SwiGLU MLP of `n_shared × moe_inter`), and the experts' addresses for
+/// the grouped GEMM.
 pub(crate) struct SparseFfn {
     pub(crate) gate: Buf<u16>,
     pub(crate) experts: Vec<(Buf<u16>, Buf<u16>)>,
     pub(crate) correction_bias: Option<Vec<f32>>,
     pub(crate) shared: Option<(Buf<u16>, Buf<u16>)>,
+    pub(crate) tables: ExpertTables,
+}
+
+/// What `--device-moe` reads on the device: each expert's gate/up and down
+/// address (`[experts]` u64, into `SparseFfn::experts`, which outlives
+/// them) and the correction bias.
+pub(crate) struct ExpertTables {
+    pub(crate) gate_up: Buf<u64>,
+    pub(crate) down: Buf<u64>,
+    pub(crate) bias: Option<Buf<f32>>,
+}
+
+impl SparseFfn {
+    pub(crate) fn new(
+        gpu: &Gpu,
+        gate: Buf<u16>,
+        experts: Vec<(Buf<u16>, Buf<u16>)>,
+        correction_bias: Option<Vec<f32>>,
+        shared: Option<(Buf<u16>, Buf<u16>)>,
+    ) -> Result<Self> {
+        let gu: Vec<u64> = experts.iter().map(|(g, _)| gpu.ptr(g, 0)).collect();
+        let down: Vec<u64> = experts.iter().map(|(_, d)| gpu.ptr(d, 0)).collect();
+        let tables = ExpertTables {
+            gate_up: gpu.upload(&gu)?,
+            down: gpu.upload(&down)?,
+            bias: correction_bias
+                .as_deref()
+                .map(|b| gpu.upload(b))
+                .transpose()?,
+        };
+        Ok(SparseFfn {
+            gate,
+            experts,
+            correction_bias,
+            shared,
+            tables,
+        })
+    }
 }
 
 pub(crate) struct Layer {
@@ -183,18 +223,19 @@ impl GpuModel {
                     let (e, mi) = (moe.num_experts, moe.moe_intermediate_size);
                     let grouped = matches!(moe.router, RouterKind::GroupedSigmoid { .. });
                     let bias = format!("{m}.gate.e_score_correction_bias");
-                    Ok(Ffn::Sparse(SparseFfn {
-                        gate: mat(&[(&format!("{m}.gate.weight"), e, hid)])?,
-                        experts: (0..e)
+                    Ok(Ffn::Sparse(Box::new(SparseFfn::new(
+                        &gpu,
+                        mat(&[(&format!("{m}.gate.weight"), e, hid)])?,
+                        (0..e)
                             .map(|x| swiglu(&format!("{m}.experts.{x}"), mi))
                             .collect::<Result<_>>()?,
-                        correction_bias: grouped.then(|| host(&bias, &[e])).transpose()?,
-                        shared: (moe.n_shared_experts > 0)
+                        grouped.then(|| host(&bias, &[e])).transpose()?,
+                        (moe.n_shared_experts > 0)
                             .then(|| {
                                 swiglu(&format!("{m}.shared_experts"), moe.n_shared_experts * mi)
                             })
                             .transpose()?,
-                    }))
+                    )?)))
                 }
                 _ => swiglu(&m, inter).map(|(gate_up, down)| Ffn::Dense { gate_up, down }),
             }
@@ -337,7 +378,12 @@ impl GpuModel {
             fused_prologue: asked.fused_prologue
                 && self.cfg.family == agentd_runtime::Family::Qwen3,
             single_pass_decode: asked.single_pass_decode,
-            device_moe: asked.device_moe && self.cfg.moe.is_some(),
+            device_moe: asked.device_moe
+                && self
+                    .cfg
+                    .moe
+                    .as_ref()
+                    .is_some_and(|m| crate::moe_plan::device_fits(m, self.cfg.hidden_size).is_ok()),
         }
     }
 

@@ -7,6 +7,7 @@
 //! added into an f32 accumulator with the routing weight; the sum rounded
 //! into the pending MLP output. Correct first: a step with sparse layers
 //! synchronises per layer and is never captured into a graph.
+//! `--device-moe` routes on the device instead (`moe_device.rs`).
 
 use crate::device::Buf;
 use crate::error::{CudaError, Result};
@@ -29,54 +30,73 @@ impl GpuModel {
             moe.num_experts,
             moe.moe_intermediate_size,
         );
-        let logits = gpu.zeros::<f32>(t * e)?;
-        gpu.linear(
-            dt,
-            step.ws.x,
-            gpu.ptr(&ffn.gate, 0),
-            gpu.ptr(&logits, 0),
-            true,
-            t,
-            e,
-            hid,
-        )?;
+        let logits = self.router_logits(step, ffn, e)?;
         let bias = ffn.correction_bias.as_deref();
         let routed = plan(&gpu.download(&logits)?, t, bias, moe)?;
-        let shared_inter = moe.n_shared_experts * inter;
-        // Scratch rows: the busiest expert's, or every token for the shared MLP.
-        let n = routed
-            .max_len()
-            .max(if ffn.shared.is_some() { t } else { 0 });
-        let width = inter.max(shared_inter);
         let rows = gpu.upload(&routed.tokens)?;
         let weights = gpu.upload(&routed.weights)?;
-        let s = Scratch {
-            xs: gpu.zeros::<u16>(n * hid)?,
-            gu: gpu.zeros::<u16>(n * 2 * width)?,
-            act: gpu.zeros::<u16>(n * width)?,
-            out: gpu.zeros::<u16>(n * hid)?,
-            acc: gpu.zeros::<f32>(t * hid)?,
-        };
+        let s = Scratch::new(gpu, routed.max_len(), hid, inter)?;
+        let acc = gpu.zeros::<f32>(t * hid)?;
         for run in &routed.runs {
             let expert = ffn.experts.get(run.expert).ok_or_else(|| {
                 CudaError::Unsupported(format!("expert {} of {}", run.expert, ffn.experts.len()))
             })?;
             let (r, w) = (gpu.ptr(&rows, run.offset), gpu.ptr(&weights, run.offset));
             gpu.gather_rows(dt, gpu.ptr(&s.xs, 0), step.ws.x, r, run.len, hid)?;
-            self.expert_into_acc(&s, expert, gpu.ptr(&s.xs, 0), run.len, inter, (r, w))?;
+            let acc_rw = (gpu.ptr(&acc, 0), r, w);
+            self.expert_into_acc(&s, expert, gpu.ptr(&s.xs, 0), run.len, inter, acc_rw)?;
         }
-        if let Some(shared) = &ffn.shared {
-            let all: Vec<i32> = (0..t).map(|i| i as i32).collect();
-            let (all, ones) = (gpu.upload(&all)?, gpu.upload(&vec![1f32; t])?);
-            let rw = (gpu.ptr(&all, 0), gpu.ptr(&ones, 0));
-            self.expert_into_acc(&s, shared, step.ws.x, t, shared_inter, rw)?;
-        }
-        gpu.cast_rows(dt, step.ws.down, gpu.ptr(&s.acc, 0), t * hid)
+        self.shared_into_acc(step, ffn, &acc)?;
+        gpu.cast_rows(dt, step.ws.down, gpu.ptr(&acc, 0), t * hid)
+    }
+
+    /// The router product: `[tokens, experts]` f32 logits.
+    pub(crate) fn router_logits(
+        &self,
+        step: &StepPtrs,
+        ffn: &SparseFfn,
+        e: usize,
+    ) -> Result<Buf<f32>> {
+        let gpu = &*self.gpu;
+        let logits = gpu.zeros::<f32>(step.t * e)?;
+        let (x, gate) = (step.ws.x, gpu.ptr(&ffn.gate, 0));
+        let hid = self.cfg.hidden_size;
+        gpu.linear(
+            self.dtype,
+            x,
+            gate,
+            gpu.ptr(&logits, 0),
+            true,
+            step.t,
+            e,
+            hid,
+        )?;
+        Ok(logits)
+    }
+
+    /// The shared experts' output (GLM-4.5) added into `acc` after the
+    /// routed sum, as transformers adds it.
+    pub(crate) fn shared_into_acc(
+        &self,
+        step: &StepPtrs,
+        ffn: &SparseFfn,
+        acc: &Buf<f32>,
+    ) -> Result<()> {
+        let (Some(shared), Some(moe)) = (&ffn.shared, self.cfg.moe.as_ref()) else {
+            return Ok(());
+        };
+        let (gpu, t, hid) = (&*self.gpu, step.t, self.cfg.hidden_size);
+        let inter = moe.n_shared_experts * moe.moe_intermediate_size;
+        let s = Scratch::new(gpu, t, hid, inter)?;
+        let all: Vec<i32> = (0..t).map(|i| i as i32).collect();
+        let (all, ones) = (gpu.upload(&all)?, gpu.upload(&vec![1f32; t])?);
+        let acc_rw = (gpu.ptr(acc, 0), gpu.ptr(&all, 0), gpu.ptr(&ones, 0));
+        self.expert_into_acc(&s, shared, step.ws.x, t, inter, acc_rw)
     }
 
     /// One SwiGLU MLP (`mlp`: fused gate/up, down; `inter` units) over `m`
-    /// rows at `x`, its output added into the accumulator's rows `rw.0`
-    /// with weights `rw.1`.
+    /// rows at `x`, its output added into the f32 accumulator at `rw.0`,
+    /// rows `rw.1` with weights `rw.2`.
     fn expert_into_acc(
         &self,
         s: &Scratch,
@@ -84,7 +104,7 @@ impl GpuModel {
         x: u64,
         m: usize,
         inter: usize,
-        rw: (u64, u64),
+        rw: (u64, u64, u64),
     ) -> Result<()> {
         let (gpu, dt, hid) = (&*self.gpu, self.dtype, self.cfg.hidden_size);
         let p = |b: &Buf<u16>| gpu.ptr(b, 0);
@@ -92,16 +112,25 @@ impl GpuModel {
         gpu.linear(dt, x, p(gate_up), p(&s.gu), false, m, 2 * inter, hid)?;
         gpu.silu_mul(dt, p(&s.act), p(&s.gu), m, inter)?;
         gpu.linear(dt, p(&s.act), p(down), p(&s.out), false, m, hid, inter)?;
-        let acc = gpu.ptr(&s.acc, 0);
-        gpu.scatter_add_rows(dt, acc, p(&s.out), rw.0, rw.1, m, hid)
+        gpu.scatter_add_rows(dt, rw.0, p(&s.out), rw.1, rw.2, m, hid)
     }
 }
 
-/// One sparse block's scratch buffers (rows × widths sized by the caller).
+/// One MLP's scratch rows: its gathered input, gate/up, activation, output.
 struct Scratch {
     xs: Buf<u16>,
     gu: Buf<u16>,
     act: Buf<u16>,
     out: Buf<u16>,
-    acc: Buf<f32>,
+}
+
+impl Scratch {
+    fn new(gpu: &crate::device::Gpu, rows: usize, hid: usize, inter: usize) -> Result<Self> {
+        Ok(Scratch {
+            xs: gpu.zeros::<u16>(rows * hid)?,
+            gu: gpu.zeros::<u16>(rows * 2 * inter)?,
+            act: gpu.zeros::<u16>(rows * inter)?,
+            out: gpu.zeros::<u16>(rows * hid)?,
+        })
+    }
 }

@@ -5,7 +5,9 @@
 //!    against the launches it replaces) on fresh random inputs, outputs
 //!    poisoned first so unwritten elements are caught (both bf16 and f16);
 //! 2. the golden tiny models (tests/fixtures/golden) end to end: GPU logits
-//!    against the CPU runtime and transformers, greedy tokens;
+//!    against the CPU runtime and transformers, greedy tokens, on the
+//!    validated kernels and again with every flagged kernel on; the device
+//!    MoE routing and layout against the CPU router (`--skip-golden`);
 //! 3. the device sampler against its reference, and its time against the
 //!    logits download it replaces (`--skip-sampling`);
 //! 4. the host KV tier: a round trip bit-exact and its copy bandwidth
@@ -20,6 +22,7 @@
 mod golden;
 mod graphs;
 mod kernels;
+mod moe;
 mod prologue;
 mod sampling;
 mod tier;
@@ -129,6 +132,9 @@ fn main() {
     if !flag("--skip-golden") {
         if let Err(e) = golden::run(&gpu, &fixtures, &mut report) {
             report.fail("golden models", &e.to_string());
+        }
+        if let Err(e) = moe::run(&gpu, &fixtures, &mut report) {
+            report.fail("device moe", &e.to_string());
         }
     }
     if !flag("--skip-timing") {

@@ -1,0 +1,271 @@
+//! The sparse MoE block with no host round trip (`--device-moe`,
+//! `kernels/moe.cu`): the router product, then on the device the routing
+//! (`moe_route`, the CPU router's rules), the pairs grouped per expert
+//! and padded to GEMM blocks (`moe_align_*`), gate/up and down as grouped
+//! GEMMs over every expert at once (`moe_gemm`, tensor cores), and each
+//! token's choices summed in expert order (`moe_combine`, no atomics: the
+//! sum order is the host path's). Buffers are sized from the token count
+//! alone ([`device_bounds`]), so nothing waits for the routing. Shared
+//! experts then add as on the host path.
+
+use crate::device::{Arg, Buf, Gpu};
+use crate::error::{CudaError, Result};
+use crate::forward::StepPtrs;
+use crate::model::{GpuModel, SparseFfn};
+use crate::moe_plan::{device_bounds, router_args, DeviceBounds, MOE_BN};
+use crate::plan::Dtype;
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("{what} {v} exceeds i32")))
+}
+
+/// The routing and grouping of one sparse layer's step, on the device.
+struct Routed {
+    ids: Buf<i32>,
+    weights: Buf<f32>,
+    offsets: Buf<i32>,
+    block_expert: Buf<i32>,
+    num_blocks: Buf<i32>,
+    sorted: Buf<i32>,
+    row_of: Buf<i32>,
+}
+
+impl GpuModel {
+    /// [`GpuModel::moe_forward`] on the device alone.
+    pub(crate) fn moe_forward_device(&self, step: &StepPtrs, ffn: &SparseFfn) -> Result<()> {
+        let (gpu, dt, t) = (&*self.gpu, self.dtype, step.t);
+        let moe =
+            self.cfg.moe.as_ref().ok_or_else(|| {
+                CudaError::Unsupported("a sparse layer without a MoE config".into())
+            })?;
+        let (hid, e, inter, k) = (
+            self.cfg.hidden_size,
+            moe.num_experts,
+            moe.moe_intermediate_size,
+            moe.num_experts_per_tok,
+        );
+        let b = device_bounds(t, moe);
+        let logits = self.router_logits(step, ffn, e)?;
+        let r = self.route_on_device(&logits, ffn, t, &b)?;
+        let gu = gpu.zeros::<u16>(b.max_rows * 2 * inter)?;
+        let act = gpu.zeros::<u16>(b.max_rows * inter)?;
+        let out = gpu.zeros::<u16>(b.max_rows * hid)?;
+        let p = |x: &Buf<u16>| gpu.ptr(x, 0);
+        let tables = (&ffn.tables.gate_up, &ffn.tables.down);
+        let gemm = |out: u64, a: u64, w: &Buf<u64>, n: usize, kk: usize, gather: bool| {
+            gpu.moe_gemm(dt, out, a, gpu.ptr(w, 0), &r, &b, (n, kk), gather, k)
+        };
+        gemm(p(&gu), step.ws.x, tables.0, 2 * inter, hid, true)?;
+        gpu.silu_mul(dt, p(&act), p(&gu), b.max_rows, inter)?;
+        gemm(p(&out), p(&act), tables.1, hid, inter, false)?;
+        let acc = gpu.zeros::<f32>(t * hid)?;
+        gpu.moe_combine(dt, gpu.ptr(&acc, 0), p(&out), &r, t, k, hid)?;
+        self.shared_into_acc(step, ffn, &acc)?;
+        gpu.cast_rows(dt, step.ws.down, gpu.ptr(&acc, 0), t * hid)
+    }
+
+    /// Routes `t` tokens' router `logits` and lays their pairs out per
+    /// expert, all on the stream.
+    fn route_on_device(
+        &self,
+        logits: &Buf<f32>,
+        ffn: &SparseFfn,
+        t: usize,
+        b: &DeviceBounds,
+    ) -> Result<Routed> {
+        let gpu = &*self.gpu;
+        let moe =
+            self.cfg.moe.as_ref().ok_or_else(|| {
+                CudaError::Unsupported("a sparse layer without a MoE config".into())
+            })?;
+        let e = moe.num_experts;
+        let r = Routed {
+            ids: gpu.zeros::<i32>(b.pairs)?,
+            weights: gpu.zeros::<f32>(b.pairs)?,
+            offsets: gpu.zeros::<i32>(e + 1)?,
+            block_expert: gpu.zeros::<i32>(b.max_blocks)?,
+            num_blocks: gpu.zeros::<i32>(1)?,
+            sorted: gpu.zeros::<i32>(b.max_rows)?,
+            row_of: gpu.zeros::<i32>(b.pairs)?,
+        };
+        let (kind, n_group, topk_group, scale) = router_args(moe);
+        let bias = ffn.tables.bias.as_ref().map_or(0, |x| gpu.ptr(x, 0));
+        gpu.launch(
+            "moe_route",
+            (t.div_ceil(128) as u32, 1, 1),
+            128,
+            0,
+            &[
+                Arg::Ptr(gpu.ptr(&r.ids, 0)),
+                Arg::Ptr(gpu.ptr(&r.weights, 0)),
+                Arg::Ptr(gpu.ptr(logits, 0)),
+                Arg::Ptr(bias),
+                Arg::I32(i32_of("tokens", t)?),
+                Arg::I32(i32_of("experts", e)?),
+                Arg::I32(i32_of("top-k", moe.num_experts_per_tok)?),
+                Arg::I32(kind),
+                Arg::I32(i32::from(moe.norm_topk_prob)),
+                Arg::I32(n_group),
+                Arg::I32(topk_group),
+                Arg::F32(scale),
+            ],
+        )?;
+        let pairs = i32_of("pairs", b.pairs)?;
+        gpu.launch(
+            "moe_align_count",
+            (1, 1, 1),
+            1024,
+            0,
+            &[
+                Arg::Ptr(gpu.ptr(&r.offsets, 0)),
+                Arg::Ptr(gpu.ptr(&r.block_expert, 0)),
+                Arg::Ptr(gpu.ptr(&r.num_blocks, 0)),
+                Arg::Ptr(gpu.ptr(&r.ids, 0)),
+                Arg::I32(pairs),
+                Arg::I32(i32_of("experts", e)?),
+            ],
+        )?;
+        gpu.launch(
+            "moe_align_scatter",
+            (e as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(gpu.ptr(&r.sorted, 0)),
+                Arg::Ptr(gpu.ptr(&r.row_of, 0)),
+                Arg::Ptr(gpu.ptr(&r.offsets, 0)),
+                Arg::Ptr(gpu.ptr(&r.ids, 0)),
+                Arg::I32(pairs),
+            ],
+        )?;
+        Ok(r)
+    }
+}
+
+impl Gpu {
+    /// The grouped GEMM over every used M-block of `r`: `out[row] =
+    /// a[src(row)] · W_e^T` with `W_e` read from the address table
+    /// `weights`; `nk` = (N, K); `gather`: rows of `a` by token.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_gemm(
+        &self,
+        dt: Dtype,
+        out: u64,
+        a: u64,
+        weights: u64,
+        r: &Routed,
+        b: &DeviceBounds,
+        nk: (usize, usize),
+        gather: bool,
+        topk: usize,
+    ) -> Result<()> {
+        let (n, k) = nk;
+        if !k.is_multiple_of(8) {
+            return Err(CudaError::Unsupported(format!(
+                "grouped GEMM over K = {k} (a multiple of 8)"
+            )));
+        }
+        self.launch(
+            &format!("moe_gemm_{}", dt.suffix()),
+            (n.div_ceil(MOE_BN) as u32, b.max_blocks as u32, 1),
+            128,
+            0,
+            &[
+                Arg::Ptr(out),
+                Arg::Ptr(a),
+                Arg::Ptr(weights),
+                Arg::Ptr(self.ptr(&r.sorted, 0)),
+                Arg::Ptr(self.ptr(&r.block_expert, 0)),
+                Arg::Ptr(self.ptr(&r.num_blocks, 0)),
+                Arg::I32(i32_of("N", n)?),
+                Arg::I32(i32_of("K", k)?),
+                Arg::I32(i32::from(gather)),
+                Arg::I32(i32_of("top-k", topk)?),
+            ],
+        )
+    }
+
+    /// `acc[t] = Σ_j w[t, j] · y[row_of[t, j]]` in f32, choices in expert
+    /// order.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine(
+        &self,
+        dt: Dtype,
+        acc: u64,
+        y: u64,
+        r: &Routed,
+        tokens: usize,
+        k: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        self.launch(
+            &format!("moe_combine_{}", dt.suffix()),
+            (tokens as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(acc),
+                Arg::Ptr(y),
+                Arg::Ptr(self.ptr(&r.row_of, 0)),
+                Arg::Ptr(self.ptr(&r.weights, 0)),
+                Arg::I32(i32_of("top-k", k)?),
+                Arg::I32(i32_of("hidden", hidden)?),
+            ],
+        )
+    }
+}
+
+/// The device layout of a routing (for `agentd-gpu-check`): the routed
+/// expert ids and weights, `[tokens * k]`, and `moe_align`'s offsets,
+/// block experts, sorted pairs and pair rows, downloaded.
+pub struct RoutedDownload {
+    pub ids: Vec<i32>,
+    pub weights: Vec<f32>,
+    pub offsets: Vec<i32>,
+    pub block_expert: Vec<i32>,
+    pub sorted: Vec<i32>,
+    pub row_of: Vec<i32>,
+}
+
+impl GpuModel {
+    /// Routes `logits` (`[t, experts]` f32, on the device) with layer
+    /// `layer`'s sparse block on the device and downloads the result.
+    pub fn route_for_check(
+        &self,
+        layer: usize,
+        logits: &Buf<f32>,
+        t: usize,
+    ) -> Result<RoutedDownload> {
+        let gpu = &*self.gpu;
+        let (Some(moe), Some(crate::model::Ffn::Sparse(ffn))) = (
+            self.cfg.moe.as_ref(),
+            self.layers.get(layer).map(|l| &l.ffn),
+        ) else {
+            return Err(CudaError::Unsupported(format!(
+                "layer {layer} is not sparse"
+            )));
+        };
+        let b = device_bounds(t, moe);
+        let r = self.route_on_device(logits, ffn, t, &b)?;
+        let nb = gpu
+            .download(&r.num_blocks)?
+            .first()
+            .copied()
+            .unwrap_or(0)
+            .max(0) as usize;
+        let offsets = gpu.download(&r.offsets)?;
+        let used = offsets.last().copied().unwrap_or(0).max(0) as usize;
+        let mut block_expert = gpu.download(&r.block_expert)?;
+        block_expert.truncate(nb);
+        let mut sorted = gpu.download(&r.sorted)?;
+        sorted.truncate(used);
+        Ok(RoutedDownload {
+            ids: gpu.download(&r.ids)?,
+            weights: gpu.download(&r.weights)?,
+            offsets,
+            block_expert,
+            sorted,
+            row_of: gpu.download(&r.row_of)?,
+        })
+    }
+}
