@@ -117,16 +117,9 @@ impl std::fmt::Debug for ConstraintState {
 }
 
 impl ConstraintState {
-    /// Sets every token the grammar does not allow next to -inf in `row`.
-    pub(crate) fn mask(&mut self, row: &mut [f32]) -> Result<()> {
-        let allowed = self.matcher.compute_mask().map_err(grammar_error)?;
-        super::device::mask_row(row, allowed.as_slice());
-        Ok(())
-    }
-
     /// The grammar's allowed next tokens as `vocab.div_ceil(32)` bitmask
     /// words (bit `t % 32` of word `t / 32`; ids past the grammar's mask
-    /// are never allowed, as in [`Self::mask`]).
+    /// are never allowed).
     pub(crate) fn mask_words(&mut self, vocab: usize) -> Result<Vec<u32>> {
         let allowed = self.matcher.compute_mask().map_err(grammar_error)?;
         let words = allowed.as_slice();

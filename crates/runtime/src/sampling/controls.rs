@@ -134,50 +134,10 @@ impl Controls {
         generated < self.min_tokens
     }
 
-    /// `row` with the controls applied, as the next token's row after
-    /// `generated` tokens; `stops` are the ids `min_tokens` masks (the
-    /// request's stop ids and EOS). Ids beyond the row are ignored.
-    pub fn apply(&self, row: &[f32], generated: usize, stops: &[&[u32]]) -> Vec<f32> {
-        let mut out = match &self.allowed {
-            Some(allowed) => {
-                let mut v = vec![f32::NEG_INFINITY; row.len()];
-                for &t in allowed {
-                    if let (Some(dst), Some(&x)) = (v.get_mut(t as usize), row.get(t as usize)) {
-                        *dst = x;
-                    }
-                }
-                v
-            }
-            None => row.to_vec(),
-        };
-        let mask = |out: &mut Vec<f32>, t: u32| {
-            if let Some(x) = out.get_mut(t as usize) {
-                *x = f32::NEG_INFINITY;
-            }
-        };
-        for word in &self.bad_words {
-            if let Some((&last, prefix)) = word.split_last() {
-                if self.output.ends_with(prefix) {
-                    mask(&mut out, last);
-                }
-            }
-        }
-        for &(t, bias) in &self.logit_bias {
-            if let Some(x) = out.get_mut(t as usize) {
-                *x += bias;
-            }
-        }
-        if self.holds_stops(generated) {
-            for &t in stops.iter().copied().flatten() {
-                mask(&mut out, t);
-            }
-        }
-        out
-    }
-
     /// The controls as a device plan's edits (banned tokens, biases) and
-    /// allowed bitmask of `vocab` tokens: what [`Self::apply`] does to a row
-    /// after `generated` tokens.
+    /// allowed bitmask of `vocab` tokens, for the row after `generated`
+    /// tokens; `stops` are the ids `min_tokens` holds back (the request's
+    /// stop ids and EOS). Ids beyond the row are ignored.
     pub fn plan(
         &self,
         edits: &mut Vec<Edit>,
@@ -221,8 +181,24 @@ impl Controls {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::device::{merge_edits, RowPlan};
 
     const NEG: f32 = f32::NEG_INFINITY;
+
+    /// `row` with the controls applied after `generated` tokens (through
+    /// the row plan, the one definition of the edits).
+    fn apply(c: &Controls, row: &[f32], generated: usize, stops: &[&[u32]]) -> Vec<f32> {
+        let mut edits = Vec::new();
+        let allowed = c.plan(&mut edits, generated, stops, row.len());
+        let plan = RowPlan {
+            edits: merge_edits(edits, row.len()),
+            allowed,
+            ..RowPlan::greedy()
+        };
+        let mut out = row.to_vec();
+        plan.edit(&mut out);
+        out
+    }
 
     #[test]
     fn each_control_in_isolation() {
@@ -232,18 +208,18 @@ mod tests {
             allowed_token_ids: Some(vec![2, 0, 2, 99]),
             ..Default::default()
         });
-        assert_eq!(allowed.apply(&row, 0, &[]), [1.0, NEG, 3.0, NEG]);
+        assert_eq!(apply(&allowed, &row, 0, &[]), [1.0, NEG, 3.0, NEG]);
         let bias = c(TokenControls {
             logit_bias: vec![(0, 100.0), (3, -100.0), (7, 5.0)],
             ..Default::default()
         });
-        assert_eq!(bias.apply(&row, 0, &[]), [101.0, 2.0, 3.0, -96.0]);
+        assert_eq!(apply(&bias, &row, 0, &[]), [101.0, 2.0, 3.0, -96.0]);
         let min = c(TokenControls {
             min_tokens: 2,
             ..Default::default()
         });
-        assert_eq!(min.apply(&row, 1, &[&[3], &[1]]), [1.0, NEG, 3.0, NEG]);
-        assert_eq!(min.apply(&row, 2, &[&[3], &[1]]), row);
+        assert_eq!(apply(&min, &row, 1, &[&[3], &[1]]), [1.0, NEG, 3.0, NEG]);
+        assert_eq!(apply(&min, &row, 2, &[&[3], &[1]]), row);
         assert!(Controls::new(&TokenControls::default()).is_none());
     }
 
@@ -256,13 +232,13 @@ mod tests {
         })
         .unwrap();
         // A one-token word is always banned; the longer one only after 1, 2.
-        assert_eq!(c.apply(&row, 0, &[]), [0.0, 0.0, 0.0, 0.0, NEG]);
+        assert_eq!(apply(&c, &row, 0, &[]), [0.0, 0.0, 0.0, 0.0, NEG]);
         c.record(1);
-        assert_eq!(c.apply(&row, 1, &[]), [0.0, 0.0, 0.0, 0.0, NEG]);
+        assert_eq!(apply(&c, &row, 1, &[]), [0.0, 0.0, 0.0, 0.0, NEG]);
         c.record(2);
-        assert_eq!(c.apply(&row, 2, &[]), [0.0, 0.0, 0.0, NEG, NEG]);
+        assert_eq!(apply(&c, &row, 2, &[]), [0.0, 0.0, 0.0, NEG, NEG]);
         c.record(0);
-        assert_eq!(c.apply(&row, 3, &[]), [0.0, 0.0, 0.0, 0.0, NEG]);
+        assert_eq!(apply(&c, &row, 3, &[]), [0.0, 0.0, 0.0, 0.0, NEG]);
     }
 
     #[test]

@@ -93,6 +93,21 @@ impl RowPlan {
         if let Some(words) = &self.allowed {
             mask_row(row, words);
         }
+        self.apply_edits(row);
+    }
+
+    /// [`Self::edit`] on a copy of `row`, masked as it is copied (one pass
+    /// over the row, not two: the host sampler's path).
+    pub fn edited_copy(&self, row: &[f32]) -> Vec<f32> {
+        let mut out = match &self.allowed {
+            Some(words) => masked_copy(row, words),
+            None => row.to_vec(),
+        };
+        self.apply_edits(&mut out);
+        out
+    }
+
+    fn apply_edits(&self, row: &mut [f32]) {
         for e in &self.edits {
             if let Some(x) = row.get_mut(e.token as usize) {
                 *x = self.edited(*x, e);
@@ -165,6 +180,11 @@ impl Edit {
 /// host sampler ignores them too).
 pub fn merge_edits(mut edits: Vec<Edit>, vocab: usize) -> Vec<Edit> {
     edits.retain(|e| (e.token as usize) < vocab);
+    // One source alone (the penalties' seen tokens, kept sorted and
+    // distinct) needs no merge: thousands of prompt tokens, every step.
+    if edits.windows(2).all(|w| w[0].token < w[1].token) {
+        return edits;
+    }
     edits.sort_by_key(|e| e.token);
     let mut out: Vec<Edit> = Vec::with_capacity(edits.len());
     for e in edits {
@@ -218,12 +238,38 @@ pub fn mask_row(row: &mut [f32], words: &[u32]) {
         if w == u32::MAX {
             continue;
         }
+        if w == 0 {
+            // Most words of a small allowed set (a grammar state, a list
+            // of ids) allow nothing: one fill, not 32 bit tests.
+            chunk.fill(f32::NEG_INFINITY);
+            continue;
+        }
         for (b, x) in chunk.iter_mut().enumerate() {
             if w & (1 << b) == 0 {
                 *x = f32::NEG_INFINITY;
             }
         }
     }
+}
+
+/// `row` with the tokens `words` does not allow at -inf ([`mask_row`] on
+/// a copy, in one pass).
+fn masked_copy(row: &[f32], words: &[u32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(row.len());
+    for (i, chunk) in row.chunks(32).enumerate() {
+        match words.get(i).copied().unwrap_or(0) {
+            u32::MAX => out.extend_from_slice(chunk),
+            0 => out.resize(out.len() + chunk.len(), f32::NEG_INFINITY),
+            w => out.extend(chunk.iter().enumerate().map(|(b, &x)| {
+                if w & (1 << b) == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    x
+                }
+            })),
+        }
+    }
+    out
 }
 
 /// One row's draw: the token, its raw logprob and the best alternatives

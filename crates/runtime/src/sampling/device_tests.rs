@@ -1,6 +1,7 @@
-//! The device plan against the host sampler: the same edited row to the
-//! bit, the same greedy tokens and logprobs, draws inside the host's
-//! candidate set and with the softmax's frequencies.
+//! The row plan against the rules and the host sampler: the edited row to
+//! the bit by a plain statement of the rules, the same greedy tokens and
+//! logprobs, draws inside the host's candidate set and with the softmax's
+//! frequencies.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -57,17 +58,83 @@ fn philox_matches_random123_known_answers() {
     );
 }
 
+/// The edited row by the rules as vLLM states them, written out plainly:
+/// the oracle for the one implementation ([`RowPlan::edit`], which the
+/// host sampler and the device kernel both follow). `out`: tokens
+/// generated so far.
+fn by_the_rules(
+    p: &SamplingParams,
+    prompt: &[u32],
+    out: &[u32],
+    logits: &[f32],
+    eos: &[u32],
+) -> Vec<f32> {
+    let c = &p.controls;
+    let mut r = logits.to_vec();
+    let ban = |r: &mut Vec<f32>, t: u32| {
+        if let Some(x) = r.get_mut(t as usize) {
+            *x = f32::NEG_INFINITY;
+        }
+    };
+    if let Some(allowed) = &c.allowed_token_ids {
+        for t in 0..r.len() as u32 {
+            if !allowed.contains(&t) {
+                ban(&mut r, t);
+            }
+        }
+    }
+    for word in &c.bad_words {
+        if let Some((&last, prefix)) = word.split_last() {
+            if out.ends_with(prefix) {
+                ban(&mut r, last);
+            }
+        }
+    }
+    for &(t, b) in &c.logit_bias {
+        if let Some(x) = r.get_mut(t as usize) {
+            *x += b;
+        }
+    }
+    if out.len() < c.min_tokens {
+        for &t in p.stop_token_ids.iter().chain(eos) {
+            ban(&mut r, t);
+        }
+    }
+    for (t, x) in r.iter_mut().enumerate() {
+        let t = t as u32;
+        let count = out.iter().filter(|&&o| o == t).count();
+        if (prompt.contains(&t) || count > 0) && p.repetition_penalty != 1.0 {
+            *x = if *x > 0.0 {
+                *x / p.repetition_penalty
+            } else {
+                *x * p.repetition_penalty
+            };
+        }
+        if count > 0 {
+            *x -= p.frequency_penalty * count as f32 + p.presence_penalty;
+        }
+    }
+    r
+}
+
 #[test]
-fn the_plan_edits_a_row_as_the_host_sampler_does() {
+fn the_edited_row_follows_the_rules_on_host_and_plan() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let vocab = 64;
     let prompt = [1, 2, 5, 7, 7, 40];
     let eos = [4];
-    let mut host = SequenceSampler::new(params_with_everything(0.0), &prompt).unwrap();
+    let p = params_with_everything(0.0);
+    let mut host = SequenceSampler::new(p.clone(), &prompt).unwrap();
     let mut dev = host.clone();
+    let mut out = Vec::new();
     for step in 0..24 {
         let logits = row(&mut rng, vocab);
-        let want = host.edited(&logits, &eos).unwrap().unwrap();
+        let want = by_the_rules(&p, &prompt, &out, &logits, &eos);
+        let got_host = host.edited(&logits, &eos).unwrap().unwrap();
+        assert!(
+            same_bits(&got_host, &want),
+            "step {step}: {got_host:?} vs {want:?}"
+        );
         let plan = dev.plan_row(vocab, &eos).unwrap();
         assert_eq!(plan.draw, step);
         let mut got = logits.clone();
@@ -78,6 +145,7 @@ fn the_plan_edits_a_row_as_the_host_sampler_does() {
             .accept(draw_planned(&logits, &plan).unwrap(), &eos)
             .unwrap();
         assert_eq!(a, b, "step {step}");
+        out.push(a.token_id);
     }
 }
 

@@ -139,20 +139,16 @@ impl SequenceSampler {
     }
 
     /// The row after the token controls, the penalties and the grammar's
-    /// mask; `None` when none applies (the row is read as it is).
+    /// mask; `None` when none applies (the row is read as it is). One
+    /// definition of the edits for every backend: the row plan's
+    /// ([`Self::plan_row`], [`device::RowPlan::edit`]), which a device
+    /// applies where the logits are.
     fn edited(&mut self, logits: &[f32], eos: &[u32]) -> Result<Option<Vec<f32>>> {
-        let stops: [&[u32]; 2] = [&self.params.stop_token_ids, eos];
-        let mut owned = self
-            .controls
-            .as_ref()
-            .map(|c| c.apply(logits, self.generated, &stops));
-        if let Some(p) = &self.penalties {
-            p.apply(owned.get_or_insert_with(|| logits.to_vec()));
+        if self.controls.is_none() && self.penalties.is_none() && self.constraint.is_none() {
+            return Ok(None);
         }
-        if let Some(c) = &mut self.constraint {
-            c.mask(owned.get_or_insert_with(|| logits.to_vec()))?;
-        }
-        Ok(owned)
+        let plan = self.plan_row(logits.len(), eos)?;
+        Ok(plan.edits_row().then(|| plan.edited_copy(logits)))
     }
 
     /// Records a token drawn elsewhere (by [`Self::sample`], or by a

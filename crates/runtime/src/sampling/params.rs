@@ -86,7 +86,7 @@ impl SamplingParams {
 
     /// The one validation of every field, each refusal naming its field:
     /// the server calls it at the HTTP boundary (before any side effect)
-    /// and [`SequenceSampler::new`] at the engine's, so no caller of the
+    /// and [`SequenceSampler::new`](super::SequenceSampler::new) at the engine's, so no caller of the
     /// engine can bypass it.
     pub fn validate(&self) -> std::result::Result<(), InvalidSampling> {
         let bad = |field: &'static str, message: String| Err(InvalidSampling { field, message });

@@ -13,12 +13,10 @@ struct Seen {
     count: u32,
 }
 
-/// Penalty state of one sequence; exists only when some penalty is set.
+/// Penalty state of one sequence; exists only when some penalty is set
+/// (the penalties themselves are the request's: `SamplingParams`).
 #[derive(Debug, Clone)]
 pub(super) struct Penalties {
-    repetition: f32,
-    presence: f32,
-    frequency: f32,
     /// Distinct tokens seen, sorted by id.
     seen: Vec<Seen>,
 }
@@ -40,12 +38,7 @@ impl Penalties {
         };
         seen.sort_unstable_by_key(|s| s.token);
         seen.dedup_by_key(|s| s.token);
-        Some(Penalties {
-            repetition: p.repetition_penalty,
-            presence: p.presence_penalty,
-            frequency: p.frequency_penalty,
-            seen,
-        })
+        Some(Penalties { seen })
     }
 
     /// Counts one generated token.
@@ -65,32 +58,27 @@ impl Penalties {
             ..Edit::new(s.token)
         }));
     }
-
-    /// Applies the penalties to the seen tokens of `row` (ids beyond the
-    /// row are ignored): repetition first (divide positive logits, multiply
-    /// negative ones), then `frequency·count + presence` subtracted.
-    pub fn apply(&self, row: &mut [f32]) {
-        for s in &self.seen {
-            let Some(l) = row.get_mut(s.token as usize) else {
-                continue;
-            };
-            if self.repetition != 1.0 {
-                *l = if *l > 0.0 {
-                    *l / self.repetition
-                } else {
-                    *l * self.repetition
-                };
-            }
-            if s.count > 0 {
-                *l -= self.frequency * s.count as f32 + self.presence;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::device::{merge_edits, RowPlan};
+
+    /// `row` as the penalties edit it (through the row plan, the one
+    /// definition of the edits).
+    fn apply(p: &SamplingParams, pen: &Penalties, row: &mut [f32]) {
+        let mut edits = Vec::new();
+        pen.plan(&mut edits);
+        let plan = RowPlan {
+            repetition: p.repetition_penalty,
+            presence: p.presence_penalty,
+            frequency: p.frequency_penalty,
+            edits: merge_edits(edits, row.len()),
+            ..RowPlan::greedy()
+        };
+        plan.edit(row);
+    }
 
     #[test]
     fn counts_are_kept_incrementally_and_applied_to_seen_tokens_only() {
@@ -105,7 +93,7 @@ mod tests {
             pen.record(t);
         }
         let mut row = vec![1.0, 1.0, 1.0, -1.0, 1.0];
-        pen.apply(&mut row);
+        apply(&p, &pen, &mut row);
         // 0, 4 unseen; 1 prompt only; 2 output ×3; 3 prompt + output ×1; 99 out of range.
         assert_eq!(
             row,
@@ -119,7 +107,7 @@ mod tests {
         };
         let pen = Penalties::new(&p, &[0]).unwrap();
         let mut row = vec![1.0, 2.0];
-        pen.apply(&mut row);
+        apply(&p, &pen, &mut row);
         assert_eq!(row, vec![1.0, 2.0]);
     }
 }
