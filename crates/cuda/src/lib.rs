@@ -1,7 +1,8 @@
 //! The CUDA backend of agentd (docs/design.md §8): the kernels in `kernels/`
 //! (paged decode and prefill attention, cache write and block copy, fused
 //! RMSNorm + residual, per-head RMSNorm + neox RoPE, SiLU·mul, GLM-4's bias,
-//! row norms and interleaved RoPE, the sampler), cuBLAS for the dense layers,
+//! row norms and interleaved RoPE, the sampler, the single-pass decode
+//! attention, MoE routing and grouped GEMM), cuBLAS for the dense layers,
 //! and the four families (Qwen3, Qwen3-MoE, GLM-4, GLM-4.5) on the GPU over a caller-owned paged KV cache with
 //! the same [`agentd_runtime::BatchInput`] as the CPU runtime.
 //!
@@ -9,8 +10,9 @@
 //!   (`--single-pass-decode`), tested against a plain softmax.
 //! - [`graph_plan`]: which decode steps replay a CUDA graph, their bucket
 //!   and padded metadata. Pure, always built, tested in CI.
-//! - [`moe_plan`]: Qwen3-MoE routing grouped per expert for the device.
-//!   Pure, always built, tested in CI.
+//! - [`moe_plan`]: MoE routing grouped per expert (the host-routed path),
+//!   and the device path's bounds and block layout. Pure, always built,
+//!   tested in CI.
 //! - [`plan`]: host-side launch planning (split-K partitions, prefill tiles,
 //!   RoPE tables, shape limits). Pure, always built, tested in CI.
 //! - [`sampling`]: the device sampler's packed plans and output words
