@@ -5,10 +5,10 @@
 
 use agentd_runtime::{BatchInput, KvCacheConfig, ModelError};
 
+use crate::attn_ops::DecodeScratch;
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::model::{Ffn, GpuKvCache, GpuModel, Layer};
-use crate::ops::DecodeScratch;
 use crate::plan::{block_table_matrix, prefill_tiles, AttnShape, DecodeKernel, Kernels};
 use crate::tier::GpuHostTier;
 

@@ -18,12 +18,12 @@ use std::collections::HashMap;
 use agentd_runtime::BatchInput;
 use cudarc::driver::{sys, CudaGraph};
 
+use crate::attn_ops::DecodeScratch;
 use crate::device::{driver_err, Buf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::forward::{MetaPtrs, StepPtrs, Workspace};
 use crate::graph_plan::{capture_sizes, key_for, pad_decode, GraphKey, PoolNeed};
 use crate::model::{GpuKvCache, GpuModel};
-use crate::ops::DecodeScratch;
 use crate::plan::{DecodeKernel, Kernels};
 
 struct Pool {

@@ -46,6 +46,8 @@ pub mod stage;
 pub mod tier_plan;
 
 #[cfg(feature = "cuda")]
+mod attn_ops;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 mod draw;
@@ -69,6 +71,8 @@ mod tier;
 mod weights;
 
 #[cfg(feature = "cuda")]
+pub use attn_ops::DecodeScratch;
+#[cfg(feature = "cuda")]
 pub use device::{Buf, Gpu};
 #[cfg(feature = "cuda")]
 pub use forward::{DeviceLogits, StepOpts};
@@ -78,8 +82,6 @@ pub use graph::{DecodeGraphs, GraphLogits};
 pub use model::{GpuKvCache, GpuModel};
 #[cfg(feature = "cuda")]
 pub use moe_device::RoutedDownload;
-#[cfg(feature = "cuda")]
-pub use ops::DecodeScratch;
 #[cfg(feature = "cuda")]
 pub use runner::GpuRunner;
 #[cfg(feature = "cuda")]

@@ -13,11 +13,8 @@ use crate::error::{CudaError, Result};
 use crate::forward::StepPtrs;
 use crate::model::{GpuModel, SparseFfn};
 use crate::moe_plan::{device_bounds, router_args, DeviceBounds, MOE_BN};
+use crate::ops::i32_of;
 use crate::plan::Dtype;
-
-fn i32_of(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("{what} {v} exceeds i32")))
-}
 
 /// The routing and grouping of one sparse layer's step, on the device.
 struct Routed {
