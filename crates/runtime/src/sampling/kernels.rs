@@ -2,7 +2,10 @@
 //! the softmax normaliser and the inverse-CDF walk. Each is one streaming pass
 //! that LLVM vectorises; the two full-row passes of the sampling fast path
 //! (max, normaliser) also get an AVX2+FMA build selected at run time, since
-//! Rust targets baseline x86-64 (4-wide SSE2).
+//! Rust targets baseline x86-64 (4-wide SSE2). On aarch64 NEON is baseline,
+//! so the portable loops are the NEON form (4-wide `fcmgt`/`bit` for the
+//! max, `fmul`/`fadd` on `v.4s` for the exp polynomial, in the emitted
+//! assembly); no run-time choice is needed there.
 
 /// The environment variable that forces the CPU kernel path
 /// (`agentd_models::cpu_kernels` reads the same name): `portable` keeps the
