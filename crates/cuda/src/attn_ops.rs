@@ -45,25 +45,15 @@ impl Gpu {
     /// sequence s, by `kernel` (both take the same split and scratch).
     /// `scratch` holds `rows * head_dim`, `rows`, `rows` floats
     /// (see [`Gpu::decode_scratch_len`]) when the plan has several partitions.
-    #[allow(clippy::too_many_arguments)]
     pub fn paged_decode(
         &self,
-        dt: Dtype,
+        io: &AttnIo,
         kernel: DecodeKernel,
-        shape: &AttnShape,
-        out: u64,
-        q: u64,
-        q_stride: usize,
-        k_cache: u64,
-        v_cache: u64,
-        block_tables: u64,
-        max_blocks: usize,
-        context_lens: u64,
         num_seqs: usize,
         max_context: usize,
-        scale: f32,
         scratch: &DecodeScratch,
     ) -> Result<()> {
+        let (dt, shape) = (io.dt, &io.shape);
         shape.check()?;
         let plan = decode_plan(shape, num_seqs, max_context);
         if let DecodeKernel::SinglePass { group } = kernel {
@@ -74,35 +64,14 @@ impl Gpu {
                 )));
             }
         }
-        self.launch(
-            &kernel.name(dt, shape),
-            (
-                shape.num_kv_heads as u32,
-                num_seqs as u32,
-                plan.num_partitions as u32,
-            ),
-            ATTN_THREADS,
-            kernel.smem_bytes(shape, &plan),
-            &[
-                Arg::Ptr(out),
-                Arg::Ptr(scratch.out),
-                Arg::Ptr(scratch.max),
-                Arg::Ptr(scratch.sum),
-                Arg::Ptr(q),
-                Arg::I32(i32_of("q_stride", q_stride)?),
-                Arg::Ptr(k_cache),
-                Arg::Ptr(v_cache),
-                Arg::Ptr(block_tables),
-                Arg::I32(i32_of("max_blocks", max_blocks)?),
-                Arg::Ptr(context_lens),
-                Arg::I32(shape.num_heads as i32),
-                Arg::I32(shape.num_kv_heads as i32),
-                Arg::I32(i32_of("block_size", shape.block_size)?),
-                Arg::F32(scale),
-                Arg::I32(plan.partition as i32),
-                Arg::I32(plan.num_partitions as i32),
-            ],
-        )?;
+        let args = decode_args(io, scratch, &plan)?;
+        let grid = (
+            shape.num_kv_heads as u32,
+            num_seqs as u32,
+            plan.num_partitions as u32,
+        );
+        let smem = kernel.smem_bytes(shape, &plan);
+        self.launch(&kernel.name(dt, shape), grid, ATTN_THREADS, smem, &args)?;
         if plan.num_partitions == 1 {
             return Ok(());
         }
@@ -112,11 +81,11 @@ impl Gpu {
             shape.head_dim as u32,
             0,
             &[
-                Arg::Ptr(out),
+                Arg::Ptr(io.out),
                 Arg::Ptr(scratch.out),
                 Arg::Ptr(scratch.max),
                 Arg::Ptr(scratch.sum),
-                Arg::Ptr(context_lens),
+                Arg::Ptr(io.context_lens),
                 Arg::I32(shape.num_heads as i32),
                 Arg::I32(shape.head_dim as i32),
                 Arg::I32(plan.partition as i32),
@@ -125,48 +94,216 @@ impl Gpu {
         )
     }
 
-    /// Prefill attention over tiles from [`crate::plan::prefill_tiles`].
-    #[allow(clippy::too_many_arguments)]
+    /// Prefill attention over `num_tiles` tiles at `tiles` (from
+    /// [`crate::plan::prefill_tiles`]); `cu_seqlens`: each sequence's first
+    /// new token.
     pub fn paged_prefill(
         &self,
-        dt: Dtype,
-        shape: &AttnShape,
-        out: u64,
-        q: u64,
-        q_stride: usize,
-        k_cache: u64,
-        v_cache: u64,
-        block_tables: u64,
-        max_blocks: usize,
+        io: &AttnIo,
         cu_seqlens: u64,
-        context_lens: u64,
         tiles: u64,
         num_tiles: usize,
-        scale: f32,
     ) -> Result<()> {
+        let shape = &io.shape;
         shape.check()?;
-        let kernel = format!("paged_prefill_{}_d{}", dt.suffix(), shape.head_dim);
+        let kernel = format!("paged_prefill_{}_d{}", io.dt.suffix(), shape.head_dim);
+        let args = prefill_args(io, cu_seqlens, tiles)?;
         self.launch(
             &kernel,
             (shape.num_kv_heads as u32, num_tiles as u32, 1),
             ATTN_THREADS,
             prefill_smem_bytes(shape.head_dim),
-            &[
-                Arg::Ptr(out),
-                Arg::Ptr(q),
-                Arg::I32(i32_of("q_stride", q_stride)?),
-                Arg::Ptr(k_cache),
-                Arg::Ptr(v_cache),
-                Arg::Ptr(block_tables),
-                Arg::I32(i32_of("max_blocks", max_blocks)?),
-                Arg::Ptr(cu_seqlens),
-                Arg::Ptr(context_lens),
-                Arg::Ptr(tiles),
-                Arg::I32(shape.num_heads as i32),
-                Arg::I32(shape.num_kv_heads as i32),
-                Arg::I32(i32_of("block_size", shape.block_size)?),
-                Arg::F32(scale),
-            ],
+            &args,
         )
+    }
+}
+
+/// What both attention kernels read and write: the element type and
+/// geometry, the output rows, the queries (read in place from rows of
+/// `q_stride` elements), the paged cache with its block tables and context
+/// lengths, and the softmax scale.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnIo {
+    pub dt: Dtype,
+    pub shape: AttnShape,
+    pub out: u64,
+    pub q: u64,
+    pub q_stride: usize,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub block_tables: u64,
+    pub max_blocks: usize,
+    pub context_lens: u64,
+    pub scale: f32,
+}
+
+impl AttnIo {
+    /// The arguments both kernels take after their outputs, in their
+    /// order: q, q_stride, k, v, block tables, max_blocks, context lengths,
+    /// heads, KV heads, block size, scale.
+    fn args(&self) -> Result<[Arg; 11]> {
+        let sh = &self.shape;
+        Ok([
+            Arg::Ptr(self.q),
+            Arg::I32(i32_of("q_stride", self.q_stride)?),
+            Arg::Ptr(self.k_cache),
+            Arg::Ptr(self.v_cache),
+            Arg::Ptr(self.block_tables),
+            Arg::I32(i32_of("max_blocks", self.max_blocks)?),
+            Arg::Ptr(self.context_lens),
+            Arg::I32(i32_of("heads", sh.num_heads)?),
+            Arg::I32(i32_of("kv heads", sh.num_kv_heads)?),
+            Arg::I32(i32_of("block_size", sh.block_size)?),
+            Arg::F32(self.scale),
+        ])
+    }
+}
+
+/// `paged_decode_*`'s (and `paged_decode_1p_*`'s) arguments, in the order
+/// of `DECODE_ARGS` in kernels/attention.cu.
+fn decode_args(io: &AttnIo, scratch: &DecodeScratch, plan: &DecodePlan) -> Result<Vec<Arg>> {
+    let mut args = vec![
+        Arg::Ptr(io.out),
+        Arg::Ptr(scratch.out),
+        Arg::Ptr(scratch.max),
+        Arg::Ptr(scratch.sum),
+    ];
+    args.extend(io.args()?);
+    args.extend([
+        Arg::I32(i32_of("partition", plan.partition)?),
+        Arg::I32(i32_of("partitions", plan.num_partitions)?),
+    ]);
+    Ok(args)
+}
+
+/// `paged_prefill_*`'s arguments, in the order of `PREFILL_ARGS`: the
+/// sequences' starts before the context lengths, the tiles after them.
+fn prefill_args(io: &AttnIo, cu_seqlens: u64, tiles: u64) -> Result<Vec<Arg>> {
+    let q = io.args()?;
+    let mut args = vec![Arg::Ptr(io.out)];
+    args.extend_from_slice(&q[..6]); // q .. max_blocks
+    args.push(Arg::Ptr(cu_seqlens));
+    args.push(q[6]); // context lengths
+    args.push(Arg::Ptr(tiles));
+    args.extend_from_slice(&q[7..]);
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ATTENTION: &str = include_str!("../../../kernels/attention.cu");
+    const DECODE_1P: &str = include_str!("../../../kernels/decode_1p.cu");
+
+    /// The parameter names of the first parenthesised list after `marker`
+    /// in `src` (a `#define NAME (type name, ...)` or a kernel's head).
+    fn params_in(src: &str, marker: &str) -> Vec<String> {
+        let at = src.find(marker).expect("marker");
+        let open = at + src[at..].find('(').expect("(");
+        let close = open + src[open..].find(')').expect(")");
+        src[open + 1..close]
+            .split(',')
+            .map(|p| {
+                p.replace('\\', " ")
+                    .split_whitespace()
+                    .last()
+                    .unwrap_or("")
+                    .trim_start_matches('*')
+                    .to_string()
+            })
+            .collect()
+    }
+
+    /// Each argument's value names the parameter it must land in.
+    fn value_of(name: &str) -> u64 {
+        [
+            "out",
+            "tmp_out",
+            "tmp_max",
+            "tmp_sum",
+            "q",
+            "q_stride",
+            "k_cache",
+            "v_cache",
+            "block_tables",
+            "max_blocks",
+            "context_lens",
+            "num_heads",
+            "num_kv_heads",
+            "block_size",
+            "scale",
+            "P",
+            "num_partitions",
+            "cu_seqlens",
+            "tiles",
+        ]
+        .iter()
+        .position(|n| *n == name)
+        .map(|i| i as u64 + 1)
+        .unwrap_or_else(|| panic!("unknown parameter {name}"))
+    }
+
+    fn as_u64(a: &Arg) -> u64 {
+        match *a {
+            Arg::Ptr(p) | Arg::U64(p) => p,
+            Arg::I32(v) => v as u64,
+            Arg::I64(v) => v as u64,
+            Arg::F32(v) => v as u64,
+        }
+    }
+
+    fn params(macro_name: &str) -> Vec<String> {
+        params_in(ATTENTION, &format!("#define {macro_name}"))
+    }
+
+    #[test]
+    fn launch_arguments_follow_the_kernels_signatures() {
+        let v = |n: &str| value_of(n);
+        let io = AttnIo {
+            dt: Dtype::Bf16,
+            shape: AttnShape {
+                num_heads: v("num_heads") as usize,
+                num_kv_heads: v("num_kv_heads") as usize,
+                head_dim: 64,
+                block_size: v("block_size") as usize,
+            },
+            out: v("out"),
+            q: v("q"),
+            q_stride: v("q_stride") as usize,
+            k_cache: v("k_cache"),
+            v_cache: v("v_cache"),
+            block_tables: v("block_tables"),
+            max_blocks: v("max_blocks") as usize,
+            context_lens: v("context_lens"),
+            scale: v("scale") as f32,
+        };
+        let scratch = DecodeScratch {
+            out: v("tmp_out"),
+            max: v("tmp_max"),
+            sum: v("tmp_sum"),
+        };
+        let plan = DecodePlan {
+            partition: v("P") as usize,
+            num_partitions: v("num_partitions") as usize,
+            smem_bytes: 0,
+        };
+        let got: Vec<u64> = decode_args(&io, &scratch, &plan)
+            .unwrap()
+            .iter()
+            .map(as_u64)
+            .collect();
+        let want: Vec<u64> = params("DECODE_ARGS").iter().map(|n| v(n)).collect();
+        assert_eq!(got, want, "decode: {:?}", params("DECODE_ARGS"));
+        // The single-pass kernel takes the same list.
+        let one_pass = params_in(DECODE_1P, "paged_decode_1p_##SUFFIX##_g##G");
+        assert_eq!(one_pass, params("DECODE_ARGS"));
+        let got: Vec<u64> = prefill_args(&io, v("cu_seqlens"), v("tiles"))
+            .unwrap()
+            .iter()
+            .map(as_u64)
+            .collect();
+        let want: Vec<u64> = params("PREFILL_ARGS").iter().map(|n| v(n)).collect();
+        assert_eq!(got, want, "prefill: {:?}", params("PREFILL_ARGS"));
     }
 }

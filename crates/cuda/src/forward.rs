@@ -5,7 +5,7 @@
 
 use agentd_runtime::{BatchInput, KvCacheConfig, ModelError};
 
-use crate::attn_ops::DecodeScratch;
+use crate::attn_ops::{AttnIo, DecodeScratch};
 use crate::device::{Buf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::model::{Ffn, GpuKvCache, GpuModel, Layer};
@@ -342,19 +342,25 @@ impl GpuModel {
                 shape,
             )?;
         }
-        let (tp, mb, ctx) = (step.meta.tables, step.meta.max_blocks, step.meta.ctx);
+        let io = AttnIo {
+            dt,
+            shape: *shape,
+            out: attn,
+            q: qkvp,
+            q_stride: qkv_dim,
+            k_cache: kc,
+            v_cache: vc,
+            block_tables: step.meta.tables,
+            max_blocks: step.meta.max_blocks,
+            context_lens: step.meta.ctx,
+            scale,
+        };
         if step.decode {
-            let (s, max_ctx, scratch) = (step.s, step.max_ctx, &step.scratch);
-            let kernel = step.decode_kernel;
-            gpu.paged_decode(
-                dt, kernel, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, ctx, s, max_ctx, scale,
-                scratch,
-            )
+            let (s, max_ctx) = (step.s, step.max_ctx);
+            gpu.paged_decode(&io, step.decode_kernel, s, max_ctx, &step.scratch)
         } else {
             let (cu, tiles, n) = (step.meta.cu, step.meta.tiles, step.meta.num_tiles);
-            gpu.paged_prefill(
-                dt, shape, attn, qkvp, qkv_dim, kc, vc, tp, mb, cu, ctx, tiles, n, scale,
-            )
+            gpu.paged_prefill(&io, cu, tiles, n)
         }
     }
 

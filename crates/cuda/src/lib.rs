@@ -71,7 +71,7 @@ mod tier;
 mod weights;
 
 #[cfg(feature = "cuda")]
-pub use attn_ops::DecodeScratch;
+pub use attn_ops::{AttnIo, DecodeScratch};
 #[cfg(feature = "cuda")]
 pub use device::{Buf, Gpu};
 #[cfg(feature = "cuda")]

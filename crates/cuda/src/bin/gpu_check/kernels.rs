@@ -3,7 +3,7 @@
 //! inputs rounded to the GPU dtype, with outputs poisoned (NaN) beforehand.
 
 use agentd_cuda::plan::{block_table_matrix, prefill_tiles, rope_table, AttnShape};
-use agentd_cuda::{DecodeKernel, Dtype, Gpu, Result};
+use agentd_cuda::{AttnIo, DecodeKernel, Dtype, Gpu, Result};
 use agentd_models::attention::{paged_attention, AttentionShape};
 use agentd_models::layers::{head_norm_rope, rms_norm, silu_mul_in_place, RopeBatch, RopeStyle};
 use agentd_models::{KvCacheConfig, PagedKvCache};
@@ -483,27 +483,25 @@ fn attention(
     };
     for kernel in kernels {
         let out = gpu.upload(&vec![POISON; t * h * d])?;
-        let op = gpu.ptr(&out, 0);
+        let io = AttnIo {
+            dt,
+            shape,
+            out: gpu.ptr(&out, 0),
+            q: qp,
+            q_stride: h * d,
+            k_cache: kp,
+            v_cache: vp,
+            block_tables: gpu.ptr(&tb, 0),
+            max_blocks,
+            context_lens: gpu.ptr(&ctx, 0),
+            scale,
+        };
         let what = match kernel {
             None => {
                 let tiles = prefill_tiles(&batch.cu_seqlens, shape.group());
                 let tl = gpu.upload(&tiles)?;
-                gpu.paged_prefill(
-                    dt,
-                    &shape,
-                    op,
-                    qp,
-                    h * d,
-                    kp,
-                    vp,
-                    gpu.ptr(&tb, 0),
-                    max_blocks,
-                    gpu.ptr(&cu, 0),
-                    gpu.ptr(&ctx, 0),
-                    gpu.ptr(&tl, 0),
-                    tiles.len() / 2,
-                    scale,
-                )?;
+                let (cu, tl) = (gpu.ptr(&cu, 0), gpu.ptr(&tl, 0));
+                gpu.paged_prefill(&io, cu, tl, tiles.len() / 2)?;
                 "paged_prefill"
             }
             Some(kernel) => {
@@ -518,23 +516,7 @@ fn attention(
                     max: gpu.ptr(&sm, 0),
                     sum: gpu.ptr(&ss, 0),
                 };
-                gpu.paged_decode(
-                    dt,
-                    kernel,
-                    &shape,
-                    op,
-                    qp,
-                    h * d,
-                    kp,
-                    vp,
-                    gpu.ptr(&tb, 0),
-                    max_blocks,
-                    gpu.ptr(&ctx, 0),
-                    seqs.len(),
-                    max_ctx,
-                    scale,
-                    &scratch,
-                )?;
+                gpu.paged_decode(&io, kernel, seqs.len(), max_ctx, &scratch)?;
                 match kernel {
                     DecodeKernel::TwoPass => "paged_decode",
                     DecodeKernel::SinglePass { .. } => "paged_decode_1p",
