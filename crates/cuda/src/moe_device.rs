@@ -18,6 +18,10 @@ use crate::plan::Dtype;
 
 /// The routing and grouping of one sparse layer's step, on the device.
 struct Routed {
+    /// Tokens routed, choices per token, and the buffer bounds.
+    tokens: usize,
+    topk: usize,
+    bounds: DeviceBounds,
     ids: Buf<i32>,
     weights: Buf<f32>,
     offsets: Buf<i32>,
@@ -35,11 +39,10 @@ impl GpuModel {
             self.cfg.moe.as_ref().ok_or_else(|| {
                 CudaError::Unsupported("a sparse layer without a MoE config".into())
             })?;
-        let (hid, e, inter, k) = (
+        let (hid, e, inter) = (
             self.cfg.hidden_size,
             moe.num_experts,
             moe.moe_intermediate_size,
-            moe.num_experts_per_tok,
         );
         let b = device_bounds(t, moe);
         let logits = self.router_logits(step, ffn, e)?;
@@ -50,13 +53,13 @@ impl GpuModel {
         let p = |x: &Buf<u16>| gpu.ptr(x, 0);
         let tables = (&ffn.tables.gate_up, &ffn.tables.down);
         let gemm = |out: u64, a: u64, w: &Buf<u64>, n: usize, kk: usize, gather: bool| {
-            gpu.moe_gemm(dt, out, a, gpu.ptr(w, 0), &r, &b, (n, kk), gather, k)
+            gpu.moe_gemm(dt, &r, (out, a, gpu.ptr(w, 0)), (n, kk), gather)
         };
         gemm(p(&gu), step.ws.x, tables.0, 2 * inter, hid, true)?;
         gpu.silu_mul(dt, p(&act), p(&gu), b.max_rows, inter)?;
         gemm(p(&out), p(&act), tables.1, hid, inter, false)?;
         let acc = gpu.zeros::<f32>(t * hid)?;
-        gpu.moe_combine(dt, gpu.ptr(&acc, 0), p(&out), &r, t, k, hid)?;
+        gpu.moe_combine(dt, &r, gpu.ptr(&acc, 0), p(&out), hid)?;
         self.shared_into_acc(step, ffn, &acc)?;
         gpu.cast_rows(dt, step.ws.down, gpu.ptr(&acc, 0), t * hid)
     }
@@ -77,6 +80,9 @@ impl GpuModel {
             })?;
         let e = moe.num_experts;
         let r = Routed {
+            tokens: t,
+            topk: moe.num_experts_per_tok,
+            bounds: *b,
             ids: gpu.zeros::<i32>(b.pairs)?,
             weights: gpu.zeros::<f32>(b.pairs)?,
             offsets: gpu.zeros::<i32>(e + 1)?,
@@ -142,21 +148,17 @@ impl GpuModel {
 impl Gpu {
     /// The grouped GEMM over every used M-block of `r`: `out[row] =
     /// a[src(row)] · W_e^T` with `W_e` read from the address table
-    /// `weights`; `nk` = (N, K); `gather`: rows of `a` by token.
-    #[allow(clippy::too_many_arguments)]
+    /// `weights` (`io` = (out, a, weights)); `nk` = (N, K); `gather`: rows
+    /// of `a` by token.
     fn moe_gemm(
         &self,
         dt: Dtype,
-        out: u64,
-        a: u64,
-        weights: u64,
         r: &Routed,
-        b: &DeviceBounds,
+        io: (u64, u64, u64),
         nk: (usize, usize),
         gather: bool,
-        topk: usize,
     ) -> Result<()> {
-        let (n, k) = nk;
+        let ((out, a, weights), (n, k)) = (io, nk);
         if !k.is_multiple_of(8) {
             return Err(CudaError::Unsupported(format!(
                 "grouped GEMM over K = {k} (a multiple of 8)"
@@ -164,7 +166,7 @@ impl Gpu {
         }
         self.launch(
             &format!("moe_gemm_{}", dt.suffix()),
-            (n.div_ceil(MOE_BN) as u32, b.max_blocks as u32, 1),
+            (n.div_ceil(MOE_BN) as u32, r.bounds.max_blocks as u32, 1),
             128,
             0,
             &[
@@ -177,27 +179,17 @@ impl Gpu {
                 Arg::I32(i32_of("N", n)?),
                 Arg::I32(i32_of("K", k)?),
                 Arg::I32(i32::from(gather)),
-                Arg::I32(i32_of("top-k", topk)?),
+                Arg::I32(i32_of("top-k", r.topk)?),
             ],
         )
     }
 
-    /// `acc[t] = Σ_j w[t, j] · y[row_of[t, j]]` in f32, choices in expert
-    /// order.
-    #[allow(clippy::too_many_arguments)]
-    fn moe_combine(
-        &self,
-        dt: Dtype,
-        acc: u64,
-        y: u64,
-        r: &Routed,
-        tokens: usize,
-        k: usize,
-        hidden: usize,
-    ) -> Result<()> {
+    /// `acc[t] = Σ_j w[t, j] · y[row_of[t, j]]` in f32 over `hidden`
+    /// columns, each token's choices in expert order.
+    fn moe_combine(&self, dt: Dtype, r: &Routed, acc: u64, y: u64, hidden: usize) -> Result<()> {
         self.launch(
             &format!("moe_combine_{}", dt.suffix()),
-            (tokens as u32, 1, 1),
+            (r.tokens as u32, 1, 1),
             256,
             0,
             &[
@@ -205,7 +197,7 @@ impl Gpu {
                 Arg::Ptr(y),
                 Arg::Ptr(self.ptr(&r.row_of, 0)),
                 Arg::Ptr(self.ptr(&r.weights, 0)),
-                Arg::I32(i32_of("top-k", k)?),
+                Arg::I32(i32_of("top-k", r.topk)?),
                 Arg::I32(i32_of("hidden", hidden)?),
             ],
         )
