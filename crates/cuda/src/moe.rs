@@ -21,16 +21,9 @@ impl GpuModel {
     /// sum, as transformers adds it).
     pub(crate) fn moe_forward(&self, step: &StepPtrs, ffn: &SparseFfn) -> Result<()> {
         let (gpu, dt, t) = (&*self.gpu, self.dtype, step.t);
-        let moe =
-            self.cfg.moe.as_ref().ok_or_else(|| {
-                CudaError::Unsupported("a sparse layer without a MoE config".into())
-            })?;
-        let (hid, e, inter) = (
-            self.cfg.hidden_size,
-            moe.num_experts,
-            moe.moe_intermediate_size,
-        );
-        let logits = self.router_logits(step, ffn, e)?;
+        let moe = self.moe_cfg()?;
+        let (hid, inter) = (self.cfg.hidden_size, moe.moe_intermediate_size);
+        let logits = self.router_logits(step, ffn)?;
         let bias = ffn.correction_bias.as_deref();
         let routed = plan(&gpu.download(&logits)?, t, bias, moe)?;
         let rows = gpu.upload(&routed.tokens)?;
@@ -50,14 +43,17 @@ impl GpuModel {
         gpu.cast_rows(dt, step.ws.down, gpu.ptr(&acc, 0), t * hid)
     }
 
+    /// The MoE config a sparse layer runs by.
+    pub(crate) fn moe_cfg(&self) -> Result<&agentd_runtime::config::MoeConfig> {
+        self.cfg
+            .moe
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("a sparse layer without a MoE config".into()))
+    }
+
     /// The router product: `[tokens, experts]` f32 logits.
-    pub(crate) fn router_logits(
-        &self,
-        step: &StepPtrs,
-        ffn: &SparseFfn,
-        e: usize,
-    ) -> Result<Buf<f32>> {
-        let gpu = &*self.gpu;
+    pub(crate) fn router_logits(&self, step: &StepPtrs, ffn: &SparseFfn) -> Result<Buf<f32>> {
+        let (gpu, e) = (&*self.gpu, self.moe_cfg()?.num_experts);
         let logits = gpu.zeros::<f32>(step.t * e)?;
         let (x, gate) = (step.ws.x, gpu.ptr(&ffn.gate, 0));
         let hid = self.cfg.hidden_size;

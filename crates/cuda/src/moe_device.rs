@@ -35,17 +35,10 @@ impl GpuModel {
     /// [`GpuModel::moe_forward`] on the device alone.
     pub(crate) fn moe_forward_device(&self, step: &StepPtrs, ffn: &SparseFfn) -> Result<()> {
         let (gpu, dt, t) = (&*self.gpu, self.dtype, step.t);
-        let moe =
-            self.cfg.moe.as_ref().ok_or_else(|| {
-                CudaError::Unsupported("a sparse layer without a MoE config".into())
-            })?;
-        let (hid, e, inter) = (
-            self.cfg.hidden_size,
-            moe.num_experts,
-            moe.moe_intermediate_size,
-        );
+        let moe = self.moe_cfg()?;
+        let (hid, inter) = (self.cfg.hidden_size, moe.moe_intermediate_size);
         let b = device_bounds(t, moe);
-        let logits = self.router_logits(step, ffn, e)?;
+        let logits = self.router_logits(step, ffn)?;
         let r = self.route_on_device(&logits, ffn, t, &b)?;
         let gu = gpu.zeros::<u16>(b.max_rows * 2 * inter)?;
         let act = gpu.zeros::<u16>(b.max_rows * inter)?;
@@ -74,10 +67,7 @@ impl GpuModel {
         b: &DeviceBounds,
     ) -> Result<Routed> {
         let gpu = &*self.gpu;
-        let moe =
-            self.cfg.moe.as_ref().ok_or_else(|| {
-                CudaError::Unsupported("a sparse layer without a MoE config".into())
-            })?;
+        let moe = self.moe_cfg()?;
         let e = moe.num_experts;
         let r = Routed {
             tokens: t,
