@@ -82,55 +82,31 @@ impl GpuModel {
             row_of: gpu.zeros::<i32>(b.pairs)?,
         };
         let (kind, n_group, topk_group, scale) = router_args(moe);
+        let route = RouteScalars {
+            tokens: i32_of("tokens", t)?,
+            experts: i32_of("experts", e)?,
+            topk: i32_of("top-k", moe.num_experts_per_tok)?,
+            kind,
+            norm: i32::from(moe.norm_topk_prob),
+            n_group,
+            topk_group,
+            scale,
+        };
+        let p = r.ptrs(gpu);
         let bias = ffn.tables.bias.as_ref().map_or(0, |x| gpu.ptr(x, 0));
+        let grid = (t.div_ceil(128) as u32, 1, 1);
         gpu.launch(
             "moe_route",
-            (t.div_ceil(128) as u32, 1, 1),
+            grid,
             128,
             0,
-            &[
-                Arg::Ptr(gpu.ptr(&r.ids, 0)),
-                Arg::Ptr(gpu.ptr(&r.weights, 0)),
-                Arg::Ptr(gpu.ptr(logits, 0)),
-                Arg::Ptr(bias),
-                Arg::I32(i32_of("tokens", t)?),
-                Arg::I32(i32_of("experts", e)?),
-                Arg::I32(i32_of("top-k", moe.num_experts_per_tok)?),
-                Arg::I32(kind),
-                Arg::I32(i32::from(moe.norm_topk_prob)),
-                Arg::I32(n_group),
-                Arg::I32(topk_group),
-                Arg::F32(scale),
-            ],
+            &route_args(&p, gpu.ptr(logits, 0), bias, &route),
         )?;
         let pairs = i32_of("pairs", b.pairs)?;
-        gpu.launch(
-            "moe_align_count",
-            (1, 1, 1),
-            1024,
-            0,
-            &[
-                Arg::Ptr(gpu.ptr(&r.offsets, 0)),
-                Arg::Ptr(gpu.ptr(&r.block_expert, 0)),
-                Arg::Ptr(gpu.ptr(&r.num_blocks, 0)),
-                Arg::Ptr(gpu.ptr(&r.ids, 0)),
-                Arg::I32(pairs),
-                Arg::I32(i32_of("experts", e)?),
-            ],
-        )?;
-        gpu.launch(
-            "moe_align_scatter",
-            (e as u32, 1, 1),
-            256,
-            0,
-            &[
-                Arg::Ptr(gpu.ptr(&r.sorted, 0)),
-                Arg::Ptr(gpu.ptr(&r.row_of, 0)),
-                Arg::Ptr(gpu.ptr(&r.offsets, 0)),
-                Arg::Ptr(gpu.ptr(&r.ids, 0)),
-                Arg::I32(pairs),
-            ],
-        )?;
+        let count = align_count_args(&p, pairs, route.experts);
+        gpu.launch("moe_align_count", (1, 1, 1), 1024, 0, &count)?;
+        let scatter = align_scatter_args(&p, pairs);
+        gpu.launch("moe_align_scatter", (e as u32, 1, 1), 256, 0, &scatter)?;
         Ok(r)
     }
 }
@@ -148,7 +124,7 @@ impl Gpu {
         nk: (usize, usize),
         gather: bool,
     ) -> Result<()> {
-        let ((out, a, weights), (n, k)) = (io, nk);
+        let (n, k) = nk;
         if !k.is_multiple_of(8) {
             return Err(CudaError::Unsupported(format!(
                 "grouped GEMM over K = {k} (a multiple of 8)"
@@ -159,18 +135,7 @@ impl Gpu {
             (n.div_ceil(MOE_BN) as u32, r.bounds.max_blocks as u32, 1),
             128,
             0,
-            &[
-                Arg::Ptr(out),
-                Arg::Ptr(a),
-                Arg::Ptr(weights),
-                Arg::Ptr(self.ptr(&r.sorted, 0)),
-                Arg::Ptr(self.ptr(&r.block_expert, 0)),
-                Arg::Ptr(self.ptr(&r.num_blocks, 0)),
-                Arg::I32(i32_of("N", n)?),
-                Arg::I32(i32_of("K", k)?),
-                Arg::I32(i32::from(gather)),
-                Arg::I32(i32_of("top-k", r.topk)?),
-            ],
+            &gemm_args(&r.ptrs(self), io, nk, gather, r.topk)?,
         )
     }
 
@@ -182,14 +147,7 @@ impl Gpu {
             (r.tokens as u32, 1, 1),
             256,
             0,
-            &[
-                Arg::Ptr(acc),
-                Arg::Ptr(y),
-                Arg::Ptr(self.ptr(&r.row_of, 0)),
-                Arg::Ptr(self.ptr(&r.weights, 0)),
-                Arg::I32(i32_of("top-k", r.topk)?),
-                Arg::I32(i32_of("hidden", hidden)?),
-            ],
+            &combine_args(&r.ptrs(self), acc, y, r.topk, hidden)?,
         )
     }
 }
@@ -246,5 +204,236 @@ impl GpuModel {
             sorted,
             row_of: gpu.download(&r.row_of)?,
         })
+    }
+}
+
+/// The device addresses of a routing's buffers ([`Routed`]).
+#[derive(Debug, Clone, Copy)]
+struct RoutedPtrs {
+    ids: u64,
+    weights: u64,
+    offsets: u64,
+    block_expert: u64,
+    num_blocks: u64,
+    sorted: u64,
+    row_of: u64,
+}
+
+impl Routed {
+    fn ptrs(&self, gpu: &Gpu) -> RoutedPtrs {
+        RoutedPtrs {
+            ids: gpu.ptr(&self.ids, 0),
+            weights: gpu.ptr(&self.weights, 0),
+            offsets: gpu.ptr(&self.offsets, 0),
+            block_expert: gpu.ptr(&self.block_expert, 0),
+            num_blocks: gpu.ptr(&self.num_blocks, 0),
+            sorted: gpu.ptr(&self.sorted, 0),
+            row_of: gpu.ptr(&self.row_of, 0),
+        }
+    }
+}
+
+/// `moe_route`'s scalar arguments.
+struct RouteScalars {
+    tokens: i32,
+    experts: i32,
+    topk: i32,
+    kind: i32,
+    norm: i32,
+    n_group: i32,
+    topk_group: i32,
+    scale: f32,
+}
+
+// The launches' argument lists, in the order of kernels/moe.cu's
+// signatures (tested against them below).
+
+fn route_args(p: &RoutedPtrs, logits: u64, bias: u64, s: &RouteScalars) -> Vec<Arg> {
+    vec![
+        Arg::Ptr(p.ids),
+        Arg::Ptr(p.weights),
+        Arg::Ptr(logits),
+        Arg::Ptr(bias),
+        Arg::I32(s.tokens),
+        Arg::I32(s.experts),
+        Arg::I32(s.topk),
+        Arg::I32(s.kind),
+        Arg::I32(s.norm),
+        Arg::I32(s.n_group),
+        Arg::I32(s.topk_group),
+        Arg::F32(s.scale),
+    ]
+}
+
+fn align_count_args(p: &RoutedPtrs, pairs: i32, experts: i32) -> Vec<Arg> {
+    vec![
+        Arg::Ptr(p.offsets),
+        Arg::Ptr(p.block_expert),
+        Arg::Ptr(p.num_blocks),
+        Arg::Ptr(p.ids),
+        Arg::I32(pairs),
+        Arg::I32(experts),
+    ]
+}
+
+fn align_scatter_args(p: &RoutedPtrs, pairs: i32) -> Vec<Arg> {
+    vec![
+        Arg::Ptr(p.sorted),
+        Arg::Ptr(p.row_of),
+        Arg::Ptr(p.offsets),
+        Arg::Ptr(p.ids),
+        Arg::I32(pairs),
+    ]
+}
+
+/// `io` = (out, a, the experts' address table); `nk` = (N, K).
+fn gemm_args(
+    p: &RoutedPtrs,
+    io: (u64, u64, u64),
+    nk: (usize, usize),
+    gather: bool,
+    topk: usize,
+) -> Result<Vec<Arg>> {
+    Ok(vec![
+        Arg::Ptr(io.0),
+        Arg::Ptr(io.1),
+        Arg::Ptr(io.2),
+        Arg::Ptr(p.sorted),
+        Arg::Ptr(p.block_expert),
+        Arg::Ptr(p.num_blocks),
+        Arg::I32(i32_of("N", nk.0)?),
+        Arg::I32(i32_of("K", nk.1)?),
+        Arg::I32(i32::from(gather)),
+        Arg::I32(i32_of("top-k", topk)?),
+    ])
+}
+
+fn combine_args(p: &RoutedPtrs, acc: u64, y: u64, topk: usize, hidden: usize) -> Result<Vec<Arg>> {
+    Ok(vec![
+        Arg::Ptr(acc),
+        Arg::Ptr(y),
+        Arg::Ptr(p.row_of),
+        Arg::Ptr(p.weights),
+        Arg::I32(i32_of("top-k", topk)?),
+        Arg::I32(i32_of("hidden", hidden)?),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOE: &str = include_str!("../../../kernels/moe.cu");
+
+    /// The parameter names of the first parenthesised list after `marker`.
+    fn params(marker: &str) -> Vec<String> {
+        let at = MOE.find(marker).expect("marker") + marker.len();
+        let open = at + MOE[at..].find('(').expect("(");
+        let close = open + MOE[open..].find(')').expect(")");
+        MOE[open + 1..close]
+            .split(',')
+            .map(|p| {
+                let last = p.split_whitespace().last().unwrap_or("");
+                last.trim_start_matches('*').to_string()
+            })
+            .collect()
+    }
+
+    fn values(args: &[Arg]) -> Vec<u64> {
+        args.iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) | Arg::U64(p) => p,
+                Arg::I32(v) => v as u64,
+                Arg::I64(v) => v as u64,
+                Arg::F32(v) => v as u64,
+            })
+            .collect()
+    }
+
+    /// Each argument's value names the parameter it must land in (`w` and
+    /// `weights` are the routing weights, except in the GEMM, where
+    /// `weights` is the experts' address table: given the same value).
+    fn v(name: &str) -> u64 {
+        let names = [
+            "ids",
+            "weights",
+            "logits",
+            "bias",
+            "tokens",
+            "E",
+            "k",
+            "kind",
+            "norm",
+            "n_group",
+            "topk_group",
+            "scale",
+            "offsets",
+            "block_expert",
+            "num_blocks",
+            "pairs",
+            "sorted",
+            "row_of",
+            "out",
+            "a",
+            "N",
+            "K",
+            "gather",
+            "acc",
+            "y",
+            "hidden",
+        ];
+        let name = match name {
+            "w" => "weights",
+            "topk" => "k",
+            n => n,
+        };
+        names
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| i as u64 + 1)
+            .unwrap_or_else(|| panic!("unknown parameter {name}"))
+    }
+
+    #[test]
+    fn launch_arguments_follow_the_kernels_signatures() {
+        let p = RoutedPtrs {
+            ids: v("ids"),
+            weights: v("weights"),
+            offsets: v("offsets"),
+            block_expert: v("block_expert"),
+            num_blocks: v("num_blocks"),
+            sorted: v("sorted"),
+            row_of: v("row_of"),
+        };
+        let i = |n: &str| v(n) as i32;
+        let s = RouteScalars {
+            tokens: i("tokens"),
+            experts: i("E"),
+            topk: i("k"),
+            kind: i("kind"),
+            norm: i("norm"),
+            n_group: i("n_group"),
+            topk_group: i("topk_group"),
+            scale: v("scale") as f32,
+        };
+        let want = |marker: &str| params(marker).iter().map(|n| v(n)).collect::<Vec<u64>>();
+        let route = route_args(&p, v("logits"), v("bias"), &s);
+        assert_eq!(values(&route), want("void moe_route"));
+        let count = align_count_args(&p, i("pairs"), i("E"));
+        assert_eq!(values(&count), want("void moe_align_count"));
+        let scatter = align_scatter_args(&p, i("pairs"));
+        assert_eq!(values(&scatter), want("void moe_align_scatter"));
+        let io = (v("out"), v("a"), v("weights"));
+        let nk = (v("N") as usize, v("K") as usize);
+        let gemm = gemm_args(&p, io, nk, v("gather") != 0, v("k") as usize).unwrap();
+        // gather is a flag (1): compare it as one.
+        let mut want_gemm = want("AGENTD_BF16_F16(moe_gemm,");
+        want_gemm[8] = 1;
+        assert_eq!(values(&gemm), want_gemm);
+        let combine = combine_args(&p, v("acc"), v("y"), v("k") as usize, v("hidden") as usize);
+        assert_eq!(
+            values(&combine.unwrap()),
+            want("AGENTD_BF16_F16(moe_combine,")
+        );
     }
 }
