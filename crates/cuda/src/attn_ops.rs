@@ -192,28 +192,10 @@ fn prefill_args(io: &AttnIo, cu_seqlens: u64, tiles: u64) -> Result<Vec<Arg>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch_sig::{params_in, values};
 
     const ATTENTION: &str = include_str!("../../../kernels/attention.cu");
     const DECODE_1P: &str = include_str!("../../../kernels/decode_1p.cu");
-
-    /// The parameter names of the first parenthesised list after `marker`
-    /// in `src` (a `#define NAME (type name, ...)` or a kernel's head).
-    fn params_in(src: &str, marker: &str) -> Vec<String> {
-        let at = src.find(marker).expect("marker");
-        let open = at + src[at..].find('(').expect("(");
-        let close = open + src[open..].find(')').expect(")");
-        src[open + 1..close]
-            .split(',')
-            .map(|p| {
-                p.replace('\\', " ")
-                    .split_whitespace()
-                    .last()
-                    .unwrap_or("")
-                    .trim_start_matches('*')
-                    .to_string()
-            })
-            .collect()
-    }
 
     /// Each argument's value names the parameter it must land in.
     fn value_of(name: &str) -> u64 {
@@ -242,15 +224,6 @@ mod tests {
         .position(|n| *n == name)
         .map(|i| i as u64 + 1)
         .unwrap_or_else(|| panic!("unknown parameter {name}"))
-    }
-
-    fn as_u64(a: &Arg) -> u64 {
-        match *a {
-            Arg::Ptr(p) | Arg::U64(p) => p,
-            Arg::I32(v) => v as u64,
-            Arg::I64(v) => v as u64,
-            Arg::F32(v) => v as u64,
-        }
     }
 
     fn params(macro_name: &str) -> Vec<String> {
@@ -288,21 +261,13 @@ mod tests {
             num_partitions: v("num_partitions") as usize,
             smem_bytes: 0,
         };
-        let got: Vec<u64> = decode_args(&io, &scratch, &plan)
-            .unwrap()
-            .iter()
-            .map(as_u64)
-            .collect();
+        let got: Vec<u64> = values(&decode_args(&io, &scratch, &plan).unwrap());
         let want: Vec<u64> = params("DECODE_ARGS").iter().map(|n| v(n)).collect();
         assert_eq!(got, want, "decode: {:?}", params("DECODE_ARGS"));
         // The single-pass kernel takes the same list.
         let one_pass = params_in(DECODE_1P, "paged_decode_1p_##SUFFIX##_g##G");
         assert_eq!(one_pass, params("DECODE_ARGS"));
-        let got: Vec<u64> = prefill_args(&io, v("cu_seqlens"), v("tiles"))
-            .unwrap()
-            .iter()
-            .map(as_u64)
-            .collect();
+        let got: Vec<u64> = values(&prefill_args(&io, v("cu_seqlens"), v("tiles")).unwrap());
         let want: Vec<u64> = params("PREFILL_ARGS").iter().map(|n| v(n)).collect();
         assert_eq!(got, want, "prefill: {:?}", params("PREFILL_ARGS"));
     }

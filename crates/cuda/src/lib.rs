@@ -55,6 +55,8 @@ mod draw;
 mod forward;
 #[cfg(feature = "cuda")]
 mod graph;
+#[cfg(all(test, feature = "cuda"))]
+mod launch_sig;
 #[cfg(feature = "cuda")]
 mod model;
 #[cfg(feature = "cuda")]

@@ -322,32 +322,12 @@ fn combine_args(p: &RoutedPtrs, acc: u64, y: u64, topk: usize, hidden: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch_sig::{params_in, values};
 
     const MOE: &str = include_str!("../../../kernels/moe.cu");
 
-    /// The parameter names of the first parenthesised list after `marker`.
     fn params(marker: &str) -> Vec<String> {
-        let at = MOE.find(marker).expect("marker") + marker.len();
-        let open = at + MOE[at..].find('(').expect("(");
-        let close = open + MOE[open..].find(')').expect(")");
-        MOE[open + 1..close]
-            .split(',')
-            .map(|p| {
-                let last = p.split_whitespace().last().unwrap_or("");
-                last.trim_start_matches('*').to_string()
-            })
-            .collect()
-    }
-
-    fn values(args: &[Arg]) -> Vec<u64> {
-        args.iter()
-            .map(|a| match *a {
-                Arg::Ptr(p) | Arg::U64(p) => p,
-                Arg::I32(v) => v as u64,
-                Arg::I64(v) => v as u64,
-                Arg::F32(v) => v as u64,
-            })
-            .collect()
+        params_in(MOE, marker)
     }
 
     /// Each argument's value names the parameter it must land in (`w` and
