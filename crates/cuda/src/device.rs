@@ -522,3 +522,29 @@ impl Gpu {
         start.elapsed_ms(&end).map_err(driver_err("event"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every entry point `Gpu::open` loads is in its module's embedded
+    /// fat binary (a name the .cu files do not define would fail the
+    /// device's start, which only a GPU run would otherwise find).
+    #[test]
+    fn every_entry_point_is_in_its_fat_binary() {
+        for (module, image) in MODULES {
+            for name in entry_points(module) {
+                let mut needle = name.clone().into_bytes();
+                needle.push(0);
+                assert!(
+                    image.windows(needle.len()).any(|w| w == needle.as_slice()),
+                    "{name} is not in {module}.fatbin"
+                );
+            }
+        }
+        // A control: an instance the .cu files do not build is absent.
+        let (_, image) = MODULES.iter().find(|m| m.0 == "decode_1p").expect("module");
+        let absent = b"paged_decode_1p_bf16_d128_g16\0";
+        assert!(!image.windows(absent.len()).any(|w| w == absent));
+    }
+}
