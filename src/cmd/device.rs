@@ -121,6 +121,15 @@ fn runners(
 ) -> Result<Vec<Box<dyn agentd_runtime::StepRunner>>> {
     let mut out: Vec<Box<dyn agentd_runtime::StepRunner>> = Vec::with_capacity(models.len());
     for (r, model) in models.into_iter().enumerate() {
+        // What runs, not only what was asked: a flag a model cannot use
+        // (the fused prologue on GLM, device MoE on a dense model, the
+        // single-pass decode on a group above 8) falls back quietly.
+        let used = model.kernels_for(paths.kernels);
+        let decode = agentd_cuda::DecodeKernel::choose(
+            used.single_pass_decode,
+            &model.attn_shape(cfg.block_size),
+        );
+        tracing::info!(replica = r, kernels = ?used, ?decode, device_sampling = paths.device_sampling, graphs = paths.graphs, "CUDA paths");
         let mut runner = agentd_cuda::GpuRunner::new(model, cfg.num_blocks, cfg.block_size)?
             .with_replica(r)
             .with_device_sampling(paths.device_sampling)

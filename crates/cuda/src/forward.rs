@@ -187,7 +187,7 @@ impl GpuModel {
     }
 
     /// The attention geometry of this model over blocks of `block_size`.
-    pub(crate) fn attn_shape(&self, block_size: usize) -> AttnShape {
+    pub fn attn_shape(&self, block_size: usize) -> AttnShape {
         AttnShape {
             num_heads: self.cfg.num_attention_heads,
             num_kv_heads: self.cfg.num_key_value_heads,

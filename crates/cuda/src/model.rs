@@ -373,7 +373,7 @@ impl GpuModel {
     /// The kernels `asked` that apply to this model: the fused prologue is
     /// Qwen3's (q/k norm, neox RoPE over whole heads); device MoE needs
     /// sparse layers.
-    pub(crate) fn kernels_for(&self, asked: Kernels) -> Kernels {
+    pub fn kernels_for(&self, asked: Kernels) -> Kernels {
         Kernels {
             fused_prologue: asked.fused_prologue
                 && self.cfg.family == agentd_runtime::Family::Qwen3,
