@@ -99,7 +99,9 @@ impl GpuModel {
         graphs: &mut DecodeGraphs,
         kernels: Kernels,
     ) -> Result<Option<GraphLogits>> {
-        // A sparse layer downloads its routing mid-step: never captured.
+        // Never captured: a sparse layer downloads its routing mid-step
+        // (host-routed path) or allocates and uploads per step
+        // (`--device-moe`: its buffers and the shared expert's row list).
         if self.cfg.moe.is_some() {
             return Ok(None);
         }
