@@ -407,23 +407,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut kv = kv_plan(&args, &model.dir)?;
     let host_blocks = host_blocks(&args, &kv)?;
     let defaults = super::generation::defaults(&args.generation_config, &model.dir)?;
-    let cfg = EngineConfig {
-        replicas: args.replicas,
-        num_blocks: kv.num_blocks,
-        block_size: args.sched.block_size,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_waiting: args.max_waiting,
-        scheduler: args.sched.to_config(args.scheduler),
-        max_model_len: args.max_model_len,
-        threads_per_replica: args.threads_per_replica,
-        kv_events: super::kv_events::sink(
-            args.kv_events_config.as_deref(),
-            args.replicas,
-            args.sched.block_size,
-        )?,
-        host_blocks,
-        ..EngineConfig::default()
-    };
+    let cfg = engine_config(&args, &kv, host_blocks)?;
     tracing::info!(?cfg, "starting engine");
     let threads = cfg.threads_each();
     let engine = start_engine(&args, &model.dir, cfg, &mut kv)?;
@@ -477,18 +461,51 @@ pub fn run(args: ServeArgs) -> Result<()> {
         keys: state.api_keys.len(),
     }
     .render();
+    listen(&args.host, args.port, state, &banner, &model.name)
+}
+
+/// The engine's configuration from the flags and the KV plan.
+fn engine_config(args: &ServeArgs, kv: &KvPlan, host_blocks: usize) -> Result<EngineConfig> {
+    Ok(EngineConfig {
+        replicas: args.replicas,
+        num_blocks: kv.num_blocks,
+        block_size: args.sched.block_size,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_waiting: args.max_waiting,
+        scheduler: args.sched.to_config(args.scheduler),
+        max_model_len: args.max_model_len,
+        threads_per_replica: args.threads_per_replica,
+        kv_events: super::kv_events::sink(
+            args.kv_events_config.as_deref(),
+            args.replicas,
+            args.sched.block_size,
+        )?,
+        host_blocks,
+        ..EngineConfig::default()
+    })
+}
+
+/// Serves `state` on `host:port` until a shutdown signal, printing the
+/// banner with the bound address once listening.
+fn listen(
+    host: &str,
+    port: u16,
+    state: agentd_server::AppState,
+    banner: &str,
+    name: &str,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let addr = format!("{}:{}", args.host, args.port);
+        let addr = format!("{host}:{port}");
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
         eprint!("{}", banner.replace("{address}", &local.to_string()));
-        tracing::info!(address = %local, model = %model.name, "listening on http://{local}");
+        tracing::info!(address = %local, model = %name, "listening on http://{local}");
         agentd_server::serve(listener, Arc::new(state), shutdown_signal()).await?;
         Ok(())
     })

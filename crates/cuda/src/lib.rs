@@ -58,6 +58,8 @@ mod graph;
 #[cfg(all(test, feature = "cuda"))]
 mod launch_sig;
 #[cfg(feature = "cuda")]
+mod load;
+#[cfg(feature = "cuda")]
 mod model;
 #[cfg(feature = "cuda")]
 mod moe;

@@ -14,7 +14,6 @@
 
 use std::sync::Arc;
 
-use agentd_runtime::config::RouterKind;
 use agentd_runtime::loader::Weights;
 use agentd_runtime::rope::inv_freq;
 use agentd_runtime::{KvCacheConfig, Qwen3Config};
@@ -22,8 +21,8 @@ use agentd_runtime::{KvCacheConfig, Qwen3Config};
 use crate::device::{Buf, Gpu};
 use crate::error::Result;
 use crate::forward::Workspace;
+use crate::load::Upload;
 use crate::plan::{rope_table, Dtype, Kernels};
-use crate::stage;
 
 /// A layer's feed-forward block.
 pub(crate) enum Ffn {
@@ -183,109 +182,23 @@ impl GpuModel {
         dtype: Dtype,
     ) -> Result<Self> {
         crate::plan::supported(&cfg)?;
-        let (h, kv, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let (hid, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-        let host =
-            |name: &str, shape: &[usize]| -> Result<Vec<f32>> { Ok(w.get_f32(name, shape)?) };
-        // Matrices go from the mapped file to the device in `dtype` (bf16
-        // checkpoints bit for bit, no f32 stage); fused ones are appended.
-        let mat = |names: &[(&str, usize, usize)]| -> Result<Buf<u16>> {
-            let mut bits = Vec::new();
-            for &(name, rows, cols) in names {
-                stage::append_matrix(w, name, &[rows, cols], dtype, &mut bits)?;
-            }
-            gpu.upload(&bits)
+        let up = Upload {
+            gpu: &gpu,
+            cfg: &cfg,
+            w,
+            dtype,
         };
-        let glm = cfg.family == agentd_runtime::Family::Glm4;
-        let vec = |name: &str, n: usize| -> Result<Buf<f32>> { gpu.upload(&host(name, &[n])?) };
-        // A SwiGLU MLP of `n` intermediate units at `m` (GLM-4 stores gate
-        // and up fused, the others apart).
-        let swiglu = |m: &str, n: usize| -> Result<(Buf<u16>, Buf<u16>)> {
-            let gate_up = if glm {
-                mat(&[(&format!("{m}.gate_up_proj.weight"), 2 * n, hid)])?
-            } else {
-                let (gate, up) = (
-                    format!("{m}.gate_proj.weight"),
-                    format!("{m}.up_proj.weight"),
-                );
-                mat(&[(&gate, n, hid), (&up, n, hid)])?
-            };
-            Ok((gate_up, mat(&[(&format!("{m}.down_proj.weight"), hid, n)])?))
-        };
-        let ffn = |p: &str, i: usize| -> Result<Ffn> {
-            let m = format!("{p}.mlp");
-            match &cfg.moe {
-                Some(moe) if moe.is_sparse(i) => {
-                    let (e, mi) = (moe.num_experts, moe.moe_intermediate_size);
-                    let grouped = matches!(moe.router, RouterKind::GroupedSigmoid { .. });
-                    let bias = format!("{m}.gate.e_score_correction_bias");
-                    Ok(Ffn::Sparse(Box::new(SparseFfn::new(
-                        &gpu,
-                        mat(&[(&format!("{m}.gate.weight"), e, hid)])?,
-                        (0..e)
-                            .map(|x| swiglu(&format!("{m}.experts.{x}"), mi))
-                            .collect::<Result<_>>()?,
-                        grouped.then(|| host(&bias, &[e])).transpose()?,
-                        (moe.n_shared_experts > 0)
-                            .then(|| {
-                                swiglu(&format!("{m}.shared_experts"), moe.n_shared_experts * mi)
-                            })
-                            .transpose()?,
-                    )?)))
-                }
-                _ => swiglu(&m, inter).map(|(gate_up, down)| Ffn::Dense { gate_up, down }),
-            }
-        };
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let proj = |x: &str, part: &str| format!("{a}.{x}_proj.{part}");
-            let ffn = ffn(&p, i)?;
-            let qkv_bias = if cfg.attention_bias {
-                let mut b = host(&proj("q", "bias"), &[h * d])?;
-                b.extend(host(&proj("k", "bias"), &[kv * d])?);
-                b.extend(host(&proj("v", "bias"), &[kv * d])?);
-                Some(gpu.upload(&b)?)
-            } else {
-                None
-            };
-            let norm = |n: &str| vec(&format!("{p}.{n}.weight"), hid);
-            let qk = |n: &str| -> Result<Option<Buf<f32>>> {
-                cfg.qk_norm
-                    .then(|| vec(&format!("{a}.{n}.weight"), d))
-                    .transpose()
-            };
-            let (q, k, v, o) = (
-                proj("q", "weight"),
-                proj("k", "weight"),
-                proj("v", "weight"),
-                proj("o", "weight"),
-            );
-            layers.push(Layer {
-                qkv: mat(&[(&q, h * d, hid), (&k, kv * d, hid), (&v, kv * d, hid)])?,
-                o: mat(&[(&o, hid, h * d)])?,
-                ffn,
-                input_norm: norm("input_layernorm")?,
-                post_norm: norm("post_attention_layernorm")?,
-                q_norm: qk("q_norm")?,
-                k_norm: qk("k_norm")?,
-                qkv_bias,
-                attn_out_norm: glm.then(|| norm("post_self_attn_layernorm")).transpose()?,
-                mlp_out_norm: glm.then(|| norm("post_mlp_layernorm")).transpose()?,
-            });
-        }
-        let embed = mat(&[("model.embed_tokens.weight", vocab, hid)])?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| up.layer(i))
+            .collect::<Result<Vec<_>>>()?;
+        let (hid, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        let embed = up.mat(&[("model.embed_tokens.weight", vocab, hid)])?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(mat(&[("lm_head.weight", vocab, hid)])?)
+            Some(up.mat(&[("lm_head.weight", vocab, hid)])?)
         };
-        let norm = gpu.upload(&host("model.norm.weight", &[hid])?)?;
+        let norm = up.vec("model.norm.weight", hid)?;
         Self::assemble(gpu, cfg, dtype, embed, lm_head, norm, layers)
     }
 

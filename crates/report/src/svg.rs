@@ -108,8 +108,38 @@ impl Plot {
     }
 }
 
+/// Where a panel's plot area lies and the data range it shows.
+struct Frame {
+    pl: f64,
+    pt: f64,
+    pw: f64,
+    ph: f64,
+    xmin: f64,
+    xmax: f64,
+    ymin: f64,
+    ymax: f64,
+}
+
+impl Frame {
+    fn sx(&self, x: f64) -> f64 {
+        self.pl + (x - self.xmin) / (self.xmax - self.xmin) * self.pw
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        self.pt + self.ph - (y - self.ymin) / (self.ymax - self.ymin) * self.ph
+    }
+}
+
 impl Panel {
     fn render(&self, s: &mut String, x0: f64) {
+        let f = self.frame(x0);
+        self.axes(s, &f, x0);
+        self.lines(s, &f);
+    }
+
+    /// The data range over every series (a unit square when empty; y from
+    /// zero unless asked otherwise and negative), placed in the panel at `x0`.
+    fn frame(&self, x0: f64) -> Frame {
         let pts = self.series.iter().flat_map(|se| se.points.iter());
         let (mut xmin, mut xmax, mut ymin, mut ymax) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
         for &(x, y) in pts {
@@ -128,13 +158,21 @@ impl Panel {
             ymin = 0.0;
         }
         let ymax = nice_max(ymax.max(ymin + 1e-9));
-        let (pl, pt) = (x0 + MARGIN_L, MARGIN_T);
-        let (pw, ph) = (
-            PANEL_W - MARGIN_L - MARGIN_R,
-            PANEL_H - MARGIN_T - MARGIN_B + 40.0,
-        );
-        let sx = |x: f64| pl + (x - xmin) / (xmax - xmin) * pw;
-        let sy = |y: f64| pt + ph - (y - ymin) / (ymax - ymin) * ph;
+        Frame {
+            pl: x0 + MARGIN_L,
+            pt: MARGIN_T,
+            pw: PANEL_W - MARGIN_L - MARGIN_R,
+            ph: PANEL_H - MARGIN_T - MARGIN_B + 40.0,
+            xmin,
+            xmax,
+            ymin,
+            ymax,
+        }
+    }
+
+    /// Title, box, y grid with ticks, x ticks at every data x, axis labels.
+    fn axes(&self, s: &mut String, f: &Frame, x0: f64) {
+        let (pl, pt, pw, ph) = (f.pl, f.pt, f.pw, f.ph);
         let _ = writeln!(
             s,
             r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{}</text>"#,
@@ -147,8 +185,8 @@ impl Panel {
             r##"<rect x="{pl}" y="{pt}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##
         );
         for k in 0..=4 {
-            let v = ymin + (ymax - ymin) * k as f64 / 4.0;
-            let y = sy(v);
+            let v = f.ymin + (f.ymax - f.ymin) * k as f64 / 4.0;
+            let y = f.sy(v);
             let _ = writeln!(
                 s,
                 r##"<line x1="{pl}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
@@ -169,7 +207,7 @@ impl Panel {
             let _ = writeln!(
                 s,
                 r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-                sx(x),
+                f.sx(x),
                 pt + ph + 16.0,
                 fmt_tick(x)
             );
@@ -190,12 +228,16 @@ impl Panel {
             pt + ph / 2.0,
             esc(&self.y_label)
         );
+    }
+
+    /// Each series as a line with its points, and its legend entry.
+    fn lines(&self, s: &mut String, f: &Frame) {
         for (i, se) in self.series.iter().enumerate() {
             let c = COLORS[i % COLORS.len()];
             let path: Vec<String> = se
                 .points
                 .iter()
-                .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+                .map(|&(x, y)| format!("{:.1},{:.1}", f.sx(x), f.sy(y)))
                 .collect();
             let _ = writeln!(
                 s,
@@ -206,17 +248,17 @@ impl Panel {
                 let _ = writeln!(
                     s,
                     r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#,
-                    sx(x),
-                    sy(y)
+                    f.sx(x),
+                    f.sy(y)
                 );
             }
-            let ly = pt + 14.0 + 16.0 * i as f64;
+            let ly = f.pt + 14.0 + 16.0 * i as f64;
             let _ = writeln!(
                 s,
                 r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
-                pl + 8.0,
-                pl + 28.0,
-                pl + 32.0,
+                f.pl + 8.0,
+                f.pl + 28.0,
+                f.pl + 32.0,
                 ly + 4.0,
                 esc(&se.name)
             );

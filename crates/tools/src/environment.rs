@@ -160,7 +160,7 @@ impl Environments {
             return Err(ToolError::AlreadyPreparing(program.to_string()));
         }
         let started = Instant::now();
-        let mut status = EnvStatus {
+        let status = EnvStatus {
             program_id: program.to_string(),
             state: EnvState::Pending,
             kind: "local",
@@ -171,36 +171,7 @@ impl Environments {
             workdir: None,
             container: None,
         };
-        let (tx, job) = match (spec.local, spec.docker) {
-            (Some(l), None) => {
-                let (dir, child, tree, timeout) = self.start_local(program, &l)?;
-                status.workdir = Some(dir.display().to_string());
-                let (tx, _) = watch::channel(status);
-                let grace = self.local.grace();
-                (
-                    tx,
-                    Job::Local {
-                        child: Box::new(child),
-                        tree,
-                        timeout,
-                        grace,
-                    },
-                )
-            }
-            (None, Some(d)) => {
-                check_image(&d.image)?;
-                let timeout = timeout_of(d.timeout_s, "environment.docker.timeout_s")?;
-                status.kind = "docker";
-                let (tx, _) = watch::channel(status);
-                (tx, Job::Docker { setup: d, timeout })
-            }
-            _ => {
-                return Err(ToolError::Invalid {
-                    what: "environment",
-                    reason: "give exactly one of {\"local\": {\"command\", \"workdir\"?, \"timeout_s\"?}} or {\"docker\": {\"image\", \"cmd\"?, \"timeout_s\"?}}".into(),
-                })
-            }
-        };
+        let (tx, job) = self.job_for(program, spec, status)?;
         let sender = tx.clone();
         envs.insert(program.to_string(), tx);
         drop(envs);
@@ -212,46 +183,87 @@ impl Environments {
         let me = self.clone();
         let program = program.to_string();
         let pending = sender.borrow().clone();
-        tokio::spawn(async move {
-            let result = match job {
-                Job::Local {
-                    child,
-                    tree,
-                    timeout,
-                    grace,
-                } => run_local(*child, tree, timeout, grace).await,
-                Job::Docker { setup, timeout } => {
-                    me.run_docker(&program, &setup, timeout, &sender).await
-                }
-            };
-            let secs = started.elapsed().as_secs_f64();
-            sender.send_modify(|s| {
-                s.finished_at = Some(unix_now());
-                s.duration_s = Some(secs);
-                match &result {
-                    Ok(()) => s.state = EnvState::Ready,
-                    Err(e) => {
-                        s.state = EnvState::Failed;
-                        s.error = Some(e.clone());
-                    }
-                }
-            });
-            match result {
-                Ok(()) => info!(program, duration_s = secs, "environment ready"),
-                Err(e) => {
-                    warn!(program, duration_s = secs, error = %e, "environment preparation failed")
-                }
+        tokio::spawn(async move { me.drive(program, job, sender, started).await });
+        Ok(pending)
+    }
+
+    /// The job `spec` asks for, checked, with the status channel that will
+    /// report it: exactly one of a local command or a docker setup.
+    fn job_for(
+        &self,
+        program: &str,
+        spec: EnvironmentSpec,
+        mut status: EnvStatus,
+    ) -> Result<(watch::Sender<EnvStatus>, Job), ToolError> {
+        match (spec.local, spec.docker) {
+            (Some(l), None) => {
+                let (dir, child, tree, timeout) = self.start_local(program, &l)?;
+                status.workdir = Some(dir.display().to_string());
+                let (tx, _) = watch::channel(status);
+                let grace = self.local.grace();
+                let child = Box::new(child);
+                Ok((tx, Job::Local { child, tree, timeout, grace }))
             }
-            // The program ended while this ran: nobody will ask any more.
-            if me
-                .registry
-                .program(&program)
-                .is_some_and(|p| p.ended.is_some())
-            {
-                me.forget(&program);
+            (None, Some(d)) => {
+                check_image(&d.image)?;
+                let timeout = timeout_of(d.timeout_s, "environment.docker.timeout_s")?;
+                status.kind = "docker";
+                let (tx, _) = watch::channel(status);
+                Ok((tx, Job::Docker { setup: d, timeout }))
+            }
+            _ => Err(ToolError::Invalid {
+                what: "environment",
+                reason: "give exactly one of {\"local\": {\"command\", \"workdir\"?, \"timeout_s\"?}} or {\"docker\": {\"image\", \"cmd\"?, \"timeout_s\"?}}".into(),
+            }),
+        }
+    }
+
+    /// Runs `job` to its end on a task of its own and publishes the outcome
+    /// on `sender`; forgets the environment if its program ended meanwhile.
+    async fn drive(
+        self: Arc<Self>,
+        program: String,
+        job: Job,
+        sender: watch::Sender<EnvStatus>,
+        started: Instant,
+    ) {
+        let result = match job {
+            Job::Local {
+                child,
+                tree,
+                timeout,
+                grace,
+            } => run_local(*child, tree, timeout, grace).await,
+            Job::Docker { setup, timeout } => {
+                self.run_docker(&program, &setup, timeout, &sender).await
+            }
+        };
+        let secs = started.elapsed().as_secs_f64();
+        sender.send_modify(|s| {
+            s.finished_at = Some(unix_now());
+            s.duration_s = Some(secs);
+            match &result {
+                Ok(()) => s.state = EnvState::Ready,
+                Err(e) => {
+                    s.state = EnvState::Failed;
+                    s.error = Some(e.clone());
+                }
             }
         });
-        Ok(pending)
+        match result {
+            Ok(()) => info!(program, duration_s = secs, "environment ready"),
+            Err(e) => {
+                warn!(program, duration_s = secs, error = %e, "environment preparation failed")
+            }
+        }
+        // The program ended while this ran: nobody will ask any more.
+        if self
+            .registry
+            .program(&program)
+            .is_some_and(|p| p.ended.is_some())
+        {
+            self.forget(&program);
+        }
     }
 
     /// Creates the directory, spawns the command (as the sandbox user, in a
