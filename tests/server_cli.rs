@@ -162,3 +162,34 @@ fn serve_refuses_a_max_model_len_the_pool_cannot_hold() {
     let v: Value = serde_json::from_str(&body).expect("json");
     assert_eq!(v["data"][0]["max_model_len"], 64, "{body}");
 }
+
+/// Servers started together on an empty cache each generate the default
+/// model and the first to finish installs it; all of them serve it and no
+/// scratch is left. (The install used to delete an installed directory
+/// before renaming its own over it, so a server opening files in that
+/// window could fail to start; the window is too narrow for this test to
+/// hit reliably, so it checks the outcome, not that race.)
+#[test]
+fn servers_starting_together_share_the_default_model() {
+    let name = "serve-cli-race-cache";
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::remove_dir_all(&cache).ok();
+    let servers: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(move || spawn_serve(name, ["--num-kv-blocks", "64"])))
+        .map(|t| t.join().expect("a server starts"))
+        .collect();
+    for (_server, addr, _logs) in &servers {
+        let (status, body) = http(addr, "GET", "/v1/models", None);
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("agentd-tiny-qwen3"), "{body}");
+    }
+    let model = cache.join("agentd/qwen3-tiny-v1/model");
+    assert!(model.join(".complete").is_file());
+    let left: Vec<_> = std::fs::read_dir(model.parent().expect("parent"))
+        .expect("cache dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "model")
+        .collect();
+    assert!(left.is_empty(), "scratch left behind: {left:?}");
+}

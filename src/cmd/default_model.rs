@@ -43,16 +43,23 @@ pub fn default_model() -> Result<PathBuf> {
     // never leaves a half-written model that later runs would trust.
     let scratch = root.join(format!("tmp-{}", std::process::id()));
     write_default(&scratch).with_context(|| format!("writing {}", scratch.display()))?;
-    if model.exists() {
-        std::fs::remove_dir_all(&model).ok();
-    }
-    if let Err(e) = std::fs::rename(scratch.join("model"), &model) {
-        // Another process may have won the race; use its model if complete.
+    // Never delete a `model` directory that may be complete: processes
+    // starting together (tests, a replica set) each generate one, and the
+    // first rename wins. A complete model is only ever renamed into place
+    // whole, so one without `.complete` is a stale leftover of an older
+    // layout, moved aside before the second try.
+    let install = || std::fs::rename(scratch.join("model"), &model);
+    if let Err(e) = install() {
         if !model.join(".complete").is_file() {
-            bail!(
-                "cannot move the default model into {}: {e}",
-                model.display()
-            );
+            let stale = root.join(format!("stale-{}", std::process::id()));
+            let retried = std::fs::rename(&model, &stale).and_then(|()| install());
+            std::fs::remove_dir_all(&stale).ok();
+            if retried.is_err() && !model.join(".complete").is_file() {
+                bail!(
+                    "cannot move the default model into {}: {e}",
+                    model.display()
+                );
+            }
         }
     }
     std::fs::remove_dir_all(&scratch).ok();
