@@ -7,17 +7,26 @@ Usage: python scripts/trainer_client_check.py URL REFERENCE_URL CKPT2
   REFERENCE_URL  agentd serve on the second checkpoint (CKPT2), for its output
   CKPT2          the second checkpoint's directory (an absolute path)
 
-The skyrl package imports torch when loaded (trainer-side helpers:
-dataclass annotations, dtype constants), though none of the calls below
-runs torch code; a stand-in module (`_torch_stand_in`) takes its place so
-the client imports without a multi-GB CUDA build of torch. Everything else
-is the wheel's code. Exits non-zero on the first failure.
+Everything called is the wheel's code, unchanged. Two stand-ins are
+installed before it is imported, each only where it is needed:
+- skyrl 0.4 imports torch when loaded (trainer-side helpers: dataclass
+  annotations, dtype constants), though none of the calls below runs torch
+  code; where torch is absent, `_torch_stand_in` provides those names so the
+  client imports without a multi-GB CUDA build of torch.
+- skyrl 0.3.0 declares Python >= 3.11, but its `skyrl.tinker.types` (loaded
+  by the package, not used by the client) hands pydantic a
+  `typing.TypedDict`, which pydantic refuses below Python 3.12; there,
+  `typing.TypedDict` is pointed at `typing_extensions.TypedDict`, the class
+  pydantic asks for, before the import.
+Exits non-zero on the first failure.
 """
 
 import asyncio
+import importlib.util
 import json
 import sys
 import types
+import typing
 import urllib.request
 
 
@@ -38,7 +47,12 @@ def _torch_stand_in():
     sys.modules["torch"] = torch
 
 
-_torch_stand_in()
+if importlib.util.find_spec("torch") is None:
+    _torch_stand_in()
+if sys.version_info < (3, 12):
+    import typing_extensions
+
+    typing.TypedDict = typing_extensions.TypedDict
 from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import (  # noqa: E402
     RemoteInferenceClient,
 )
@@ -52,6 +66,14 @@ def http(base, path, body=None):
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req) as r:
         return json.loads(r.read() or b"null")
+
+
+async def is_sleeping(client):
+    """The client's own call where it has one (skyrl >= 0.4: one bool for
+    its servers), else vLLM's route read directly on every server."""
+    if hasattr(client, "is_sleeping"):
+        return await client.is_sleeping()
+    return all(http(u, "/is_sleeping")["is_sleeping"] for u in client.server_urls)
 
 
 def programs(base):
@@ -97,8 +119,10 @@ async def main():
     print("pause(keep):", await client.pause(mode="keep"))
     print("resume:", await client.resume())
     print("reset_prefix_cache:", await client.reset_prefix_cache())
-    print("sleep(level=1):", await client.sleep(level=1), "is_sleeping:", await client.is_sleeping())
-    print("wake_up:", await client.wake_up(), "is_sleeping:", await client.is_sleeping())
+    print("sleep(level=1):", await client.sleep(level=1), "is_sleeping:", await is_sleeping(client))
+    assert await is_sleeping(client) is True
+    print("wake_up:", await client.wake_up(), "is_sleeping:", await is_sleeping(client))
+    assert await is_sleeping(client) is False
     again = await client.generate({"prompt_token_ids": [ids], "sampling_params": sp})
     assert again["response_ids"][0] == got, "the same tokens after sleep and wake-up"
 
