@@ -234,42 +234,40 @@ pub fn allows(words: Option<&[u32]>, token: u32) -> bool {
 /// allowed): the allowed set of a plan and the grammar's mask.
 pub fn mask_row(row: &mut [f32], words: &[u32]) {
     for (i, chunk) in row.chunks_mut(32).enumerate() {
-        let w = words.get(i).copied().unwrap_or(0);
-        if w == u32::MAX {
-            continue;
-        }
-        if w == 0 {
-            // Most words of a small allowed set (a grammar state, a list
-            // of ids) allow nothing: one fill, not 32 bit tests.
-            chunk.fill(f32::NEG_INFINITY);
-            continue;
-        }
-        for (b, x) in chunk.iter_mut().enumerate() {
-            if w & (1 << b) == 0 {
-                *x = f32::NEG_INFINITY;
-            }
-        }
+        mask_word(chunk, words.get(i).copied().unwrap_or(0));
     }
 }
 
-/// `row` with the tokens `words` does not allow at -inf ([`mask_row`] on
-/// a copy, in one pass).
+/// `row` with the tokens `words` does not allow at -inf: [`mask_row`] on
+/// a copy, each 32-token chunk masked as soon as it is copied (while it is
+/// in L1), so the row is read once.
 fn masked_copy(row: &[f32], words: &[u32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(row.len());
     for (i, chunk) in row.chunks(32).enumerate() {
-        match words.get(i).copied().unwrap_or(0) {
-            u32::MAX => out.extend_from_slice(chunk),
-            0 => out.resize(out.len() + chunk.len(), f32::NEG_INFINITY),
-            w => out.extend(chunk.iter().enumerate().map(|(b, &x)| {
-                if w & (1 << b) == 0 {
-                    f32::NEG_INFINITY
-                } else {
-                    x
-                }
-            })),
-        }
+        let at = out.len();
+        out.extend_from_slice(chunk);
+        mask_word(&mut out[at..], words.get(i).copied().unwrap_or(0));
     }
     out
+}
+
+/// The one rule of a mask word over its (up to) 32 tokens: bit `b` allows
+/// token `b`.
+#[inline(always)]
+fn mask_word(chunk: &mut [f32], w: u32) {
+    match w {
+        u32::MAX => {}
+        // Most words of a small allowed set (a grammar state, a list of
+        // ids) allow nothing: one fill, not 32 bit tests.
+        0 => chunk.fill(f32::NEG_INFINITY),
+        w => {
+            for (b, x) in chunk.iter_mut().enumerate() {
+                if w & (1 << b) == 0 {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
 }
 
 /// One row's draw: the token, its raw logprob and the best alternatives

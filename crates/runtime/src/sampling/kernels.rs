@@ -114,6 +114,11 @@ mod wide {
     }
 
     #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn argmax(v: &[f32]) -> usize {
+        super::argmax_portable(v)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn block_sums(row: &[f32], m: f32, inv_t: f32, blocks: &mut Vec<f32>) -> f64 {
         super::block_sums_portable(row, m, inv_t, blocks)
     }
@@ -141,10 +146,42 @@ pub(super) fn block_sums(row: &[f32], m: f32, inv_t: f32, blocks: &mut Vec<f32>)
 }
 
 /// Index of the largest value, the lowest index among ties; NaN never wins
-/// (0 when every value is NaN).
+/// (the first -inf when nothing is larger, 0 when every value is NaN).
+/// One pass: greedy decoding reads each row once, where the max-then-search
+/// form it replaces read it one and a half times on average.
 pub fn argmax(v: &[f32]) -> usize {
-    let m = max(v);
-    v.iter().position(|&x| x == m).unwrap_or(0)
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        return unsafe { wide::argmax(v) };
+    }
+    argmax_portable(v)
+}
+
+/// Elements per block of [`argmax`]: the vectorised max runs over each
+/// block, and only the winning block is searched for its position.
+const ARGMAX_BLOCK: usize = 512;
+
+/// [`argmax`]: each block's max by the vectorised pass, the first block
+/// with the largest (a strict `>`, so ties keep the earliest and NaN never
+/// wins), then the first position of that value in it.
+#[inline(always)]
+fn argmax_portable(v: &[f32]) -> usize {
+    let mut best = (f32::NEG_INFINITY, None);
+    for (b, block) in v.chunks(ARGMAX_BLOCK).enumerate() {
+        let m = max_portable(block);
+        if m > best.0 {
+            best = (m, Some(b));
+        }
+    }
+    match best {
+        (m, Some(b)) => {
+            let start = b * ARGMAX_BLOCK;
+            let block = &v[start..(start + ARGMAX_BLOCK).min(v.len())];
+            start + block.iter().position(|&x| x == m).unwrap_or(0)
+        }
+        (_, None) => v.iter().position(|&x| x == f32::NEG_INFINITY).unwrap_or(0),
+    }
 }
 
 /// Inverse-CDF draw over the whole row: the token where the running sum of
@@ -220,6 +257,55 @@ mod tests {
         assert_eq!(argmax(&[f32::NAN]), 0);
     }
 
+    /// The one-pass argmax against the rule written plainly (the first
+    /// index of the largest non-NaN value; the first -inf, else 0, when
+    /// nothing is larger), on both builds, over rows with ties, NaN and -inf
+    /// in every lane position and every tail length.
+    #[test]
+    fn one_pass_argmax_is_the_first_largest() {
+        fn rule(v: &[f32]) -> usize {
+            let m = v
+                .iter()
+                .copied()
+                .filter(|x| !x.is_nan())
+                .fold(f32::NEG_INFINITY, f32::max);
+            v.iter().position(|&x| x == m).unwrap_or(0)
+        }
+        let mut state = 12345u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for len in (0..70).chain([1000, 4096, 151_936]) {
+            for trial in 0..20 {
+                let v: Vec<f32> = (0..len)
+                    .map(|_| match next() % 16 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 if trial % 5 == 0 => f32::INFINITY,
+                        // Few distinct values: ties everywhere.
+                        k => ((next() % 8) as f32) - (k % 3) as f32,
+                    })
+                    .collect();
+                let want = rule(&v);
+                assert_eq!(argmax(&v), want, "len {len} trial {trial}");
+                assert_eq!(argmax_portable(&v), want, "len {len} trial {trial}");
+                let all_low: Vec<f32> = v
+                    .iter()
+                    .map(|&x| if x.is_nan() { x } else { f32::NEG_INFINITY })
+                    .collect();
+                assert_eq!(
+                    argmax(&all_low),
+                    rule(&all_low),
+                    "len {len}: nothing above -inf"
+                );
+            }
+        }
+        assert_eq!(argmax(&[]), 0);
+    }
+
     /// The AVX2+FMA builds are the portable code compiled for wider
     /// vectors (no reassociation), so both give the same bits.
     #[cfg(target_arch = "x86_64")]
@@ -234,6 +320,8 @@ mod tests {
         let m = max_portable(&row);
         // SAFETY: the CPU has AVX2 and FMA (checked above).
         assert_eq!(unsafe { wide::max(&row) }.to_bits(), m.to_bits());
+        // SAFETY: as above.
+        assert_eq!(unsafe { wide::argmax(&row) }, argmax_portable(&row));
         let (mut a, mut b) = (Vec::new(), Vec::new());
         let za = block_sums_portable(&row, m, 0.8, &mut a);
         // SAFETY: as above.
