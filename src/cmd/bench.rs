@@ -215,43 +215,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ..t.clone()
         }))
         .collect();
-    let warmup_s = args.warmup_s.unwrap_or(args.duration_s * 0.2);
-    let run_id = format!(
-        "bench-{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0)
-    );
-    let cfg = SweepConfig {
-        run: RunConfig {
-            workload: workload.clone(),
-            mode: args.mode,
-            duration_s: args.duration_s,
-            warmup_s,
-            seed: args.seed,
-            block_size: args.block_size,
-            max_consecutive_errors: args.max_consecutive_errors,
-            run_id,
-            stationary_start: args.stationary_start,
-        },
-        concurrency: args.concurrency.clone(),
-        request_timeout: Duration::from_secs_f64(args.request_timeout_s),
-        stream: !args.no_stream,
-        model: args.model.clone(),
-        settle: Duration::from_secs_f64(args.settle_s.max(0.0)),
-        progress: !args.no_progress,
-    };
-    let description = format!(
-        "{} workload: system {} tokens, task {}, turns {}, tool {} tokens, output {} tokens, tool time {}",
-        workload.name,
-        workload.system_tokens,
-        workload.task_tokens,
-        workload.turns,
-        workload.tool_tokens,
-        workload.output_tokens,
-        workload.tool_time
-    );
+    let cfg = sweep_config(&args, &workload);
+    let description = describe(&workload);
     eprintln!("agentd bench: {description}");
     let load_start = load_avg();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -270,6 +235,66 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let (Some(a), Some(b)) = (&load_start, &load_end) {
         println!("load average (1/5/15 min): start {a}, end {b}");
     }
+    let loads = [load_start, load_end];
+    write_outputs(&args, &cfg, &rows, &targets, &description, loads)?;
+    check_errors(&rows, args.max_errors)
+}
+
+/// The sweep's configuration from the flags (warm-up 20% of the window
+/// unless given; a run id from the clock).
+fn sweep_config(args: &BenchArgs, workload: &BenchWorkload) -> SweepConfig {
+    let warmup_s = args.warmup_s.unwrap_or(args.duration_s * 0.2);
+    let run_id = format!(
+        "bench-{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+    );
+    SweepConfig {
+        run: RunConfig {
+            workload: workload.clone(),
+            mode: args.mode,
+            duration_s: args.duration_s,
+            warmup_s,
+            seed: args.seed,
+            block_size: args.block_size,
+            max_consecutive_errors: args.max_consecutive_errors,
+            run_id,
+            stationary_start: args.stationary_start,
+        },
+        concurrency: args.concurrency.clone(),
+        request_timeout: Duration::from_secs_f64(args.request_timeout_s),
+        stream: !args.no_stream,
+        model: args.model.clone(),
+        settle: Duration::from_secs_f64(args.settle_s.max(0.0)),
+        progress: !args.no_progress,
+    }
+}
+
+/// One line naming the workload's shape.
+fn describe(workload: &BenchWorkload) -> String {
+    format!(
+        "{} workload: system {} tokens, task {}, turns {}, tool {} tokens, output {} tokens, tool time {}",
+        workload.name,
+        workload.system_tokens,
+        workload.task_tokens,
+        workload.turns,
+        workload.tool_tokens,
+        workload.output_tokens,
+        workload.tool_time
+    )
+}
+
+/// The JSON, plot and markdown files the flags ask for.
+fn write_outputs(
+    args: &BenchArgs,
+    cfg: &SweepConfig,
+    rows: &[LevelRow],
+    targets: &[Target],
+    description: &str,
+    [load_start, load_end]: [Option<String>; 2],
+) -> Result<()> {
     if let Some(path) = &args.json {
         let doc = json!({
             "rows": rows,
@@ -279,7 +304,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     "dynamo_final": t.dynamo.map(|f| format!("{f:?}"))})).collect::<Vec<_>>(),
                 "concurrency": args.concurrency,
                 "duration_s": args.duration_s,
-                "warmup_s": warmup_s,
+                "warmup_s": cfg.run.warmup_s,
                 "seed": args.seed,
                 "stationary_start": args.stationary_start,
                 "mode": format!("{:?}", args.mode).to_lowercase(),
@@ -293,16 +318,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
-        let title = format!("agentd bench: {}", workload.name);
-        std::fs::write(path, report::plot(&rows, &title).to_svg())
+        let title = format!("agentd bench: {}", args.workload().name);
+        std::fs::write(path, report::plot(rows, &title).to_svg())
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.markdown {
-        std::fs::write(path, report::markdown(&rows))
+        std::fs::write(path, report::markdown(rows))
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
+    Ok(())
+}
+
+/// Fails the command when a target stopped on errors or the errors pass
+/// `--max-errors`, after printing each level's messages.
+fn check_errors(rows: &[LevelRow], max_errors: usize) -> Result<()> {
     let errors: usize = rows.iter().map(|r| r.errors).sum();
     let stopped: Vec<&str> = rows
         .iter()
@@ -317,11 +348,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !stopped.is_empty() {
         bail!("targets stopped by errors: {}", stopped.join(", "));
     }
-    if errors > args.max_errors {
-        bail!(
-            "{errors} request errors (more than --max-errors {})",
-            args.max_errors
-        );
+    if errors > max_errors {
+        bail!("{errors} request errors (more than --max-errors {max_errors})");
     }
     Ok(())
 }

@@ -11,10 +11,11 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::client::{Client, Mode, Prompt};
+use crate::client::{Client, Mode};
+use crate::conversation::Conversation;
 use crate::prom::{self, Metrics};
 use crate::result::{LevelRow, Sample};
-use crate::workload::{ideal_hit_tokens, program_stream, text_for, BenchWorkload, ProgramPlan};
+use crate::workload::{ideal_hit_tokens, program_stream, BenchWorkload, ProgramPlan};
 
 /// Everything a run needs besides the target and the concurrency.
 #[derive(Debug, Clone)]
@@ -116,27 +117,7 @@ pub async fn run_level(
     bar: &ProgressBar,
 ) -> LevelRow {
     let start = Instant::now();
-    let window_start = start + Duration::from_secs_f64(cfg.warmup_s);
-    let end = window_start + Duration::from_secs_f64(cfg.duration_s);
-    let (abort, _) = watch::channel(false);
-    let sh = Arc::new(Shared {
-        cfg: cfg.clone(),
-        client: client.clone(),
-        concurrency,
-        system: cfg.workload.system_prompt(),
-        window_start,
-        end,
-        next_program: AtomicU64::new(0),
-        system_seen: AtomicBool::new(false),
-        samples: Mutex::new(Vec::new()),
-        open: Mutex::new(HashMap::new()),
-        errors: AtomicUsize::new(0),
-        consecutive: AtomicUsize::new(0),
-        messages: Mutex::new(Vec::new()),
-        programs_finished: AtomicUsize::new(0),
-        abort,
-        aborted_at: Mutex::new(None),
-    });
+    let sh = Shared::new(client, cfg, concurrency, start);
     // Counters at the start of the window.
     let scrape = {
         let sh = sh.clone();
@@ -147,34 +128,7 @@ pub async fn run_level(
             }
         })
     };
-    let ticker = {
-        let sh = sh.clone();
-        let bar = bar.clone();
-        let total = (cfg.warmup_s + cfg.duration_s).max(0.001);
-        bar.set_length(1000);
-        bar.set_position(0);
-        let target = target.to_string();
-        tokio::spawn(async move {
-            loop {
-                let el = start.elapsed().as_secs_f64();
-                bar.set_position(((el / total).min(1.0) * 1000.0) as u64);
-                let steps = sh.samples.lock().map(|s| s.len()).unwrap_or(0);
-                bar.set_message(format!(
-                    "{target} c={concurrency}: {steps} steps, {} errors{}",
-                    sh.errors.load(Ordering::Relaxed),
-                    if Instant::now() < sh.window_start {
-                        " (warm-up)"
-                    } else {
-                        ""
-                    }
-                ));
-                if sh.stopping() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        })
-    };
+    let ticker = spawn_ticker(&sh, bar, target, start);
     let workers: Vec<_> = (0..concurrency)
         .map(|_| tokio::spawn(worker(sh.clone())))
         .collect();
@@ -185,6 +139,77 @@ pub async fn run_level(
     }
     let _ = ticker.await;
     let before = scrape.await.ok().flatten();
+    summarise(&sh, target, before).await
+}
+
+impl Shared {
+    /// A level's shared state, its window opening `warmup_s` after `start`.
+    fn new(client: &Client, cfg: &RunConfig, concurrency: usize, start: Instant) -> Arc<Self> {
+        let window_start = start + Duration::from_secs_f64(cfg.warmup_s);
+        let (abort, _) = watch::channel(false);
+        Arc::new(Shared {
+            cfg: cfg.clone(),
+            client: client.clone(),
+            concurrency,
+            system: cfg.workload.system_prompt(),
+            window_start,
+            end: window_start + Duration::from_secs_f64(cfg.duration_s),
+            next_program: AtomicU64::new(0),
+            system_seen: AtomicBool::new(false),
+            samples: Mutex::new(Vec::new()),
+            open: Mutex::new(HashMap::new()),
+            errors: AtomicUsize::new(0),
+            consecutive: AtomicUsize::new(0),
+            messages: Mutex::new(Vec::new()),
+            programs_finished: AtomicUsize::new(0),
+            abort,
+            aborted_at: Mutex::new(None),
+        })
+    }
+}
+
+/// The progress bar of a level, updated every 250 ms until it stops.
+fn spawn_ticker(
+    sh: &Arc<Shared>,
+    bar: &ProgressBar,
+    target: &str,
+    start: Instant,
+) -> tokio::task::JoinHandle<()> {
+    let sh = sh.clone();
+    let bar = bar.clone();
+    let cfg = &sh.cfg;
+    let total = (cfg.warmup_s + cfg.duration_s).max(0.001);
+    bar.set_length(1000);
+    bar.set_position(0);
+    let target = target.to_string();
+    tokio::spawn(async move {
+        loop {
+            let el = start.elapsed().as_secs_f64();
+            bar.set_position(((el / total).min(1.0) * 1000.0) as u64);
+            let steps = sh.samples.lock().map(|s| s.len()).unwrap_or(0);
+            bar.set_message(format!(
+                "{target} c={}: {steps} steps, {} errors{}",
+                sh.concurrency,
+                sh.errors.load(Ordering::Relaxed),
+                if Instant::now() < sh.window_start {
+                    " (warm-up)"
+                } else {
+                    ""
+                }
+            ));
+            if sh.stopping() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+}
+
+/// The level's row from the steps that finished in its window (cut short
+/// where the level aborted), the server's counters over it (`before` and
+/// now), and the steps still open when it closed.
+async fn summarise(sh: &Shared, target: &str, before: Option<Metrics>) -> LevelRow {
+    let (window_start, end) = (sh.window_start, sh.end);
     let after = if before.is_some() {
         sh.client.metrics().await
     } else {
@@ -217,7 +242,7 @@ pub async fn run_level(
         .unwrap_or_default();
     LevelRow::summarise(
         target,
-        concurrency,
+        sh.concurrency,
         window_s,
         &measured,
         &open,
@@ -319,24 +344,10 @@ async fn worker(sh: Arc<Shared>) {
 /// history with stand-in outputs); false on the first failed step.
 async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join: usize) -> bool {
     let block = sh.cfg.block_size;
-    let mut context: Vec<u32> = Vec::new();
-    let mut messages: Vec<Value> = Vec::new();
-    match sh.cfg.mode {
-        Mode::Tokens => context.extend_from_slice(&sh.system),
-        Mode::Chat => messages.push(json!({"role": "system", "content": text_for(&sh.system)})),
-    }
+    let mut conv = Conversation::new(sh.cfg.mode, &sh.system);
     let history = plan.stand_in_outputs(join, sh.cfg.workload.vocab);
     for (turn, output) in plan.turns.iter().zip(history) {
-        match sh.cfg.mode {
-            Mode::Tokens => {
-                context.extend_from_slice(&turn.appended);
-                context.extend_from_slice(&output);
-            }
-            Mode::Chat => {
-                messages.push(json!({"role": "user", "content": text_for(&turn.appended)}));
-                messages.push(json!({"role": "assistant", "content": text_for(&output)}));
-            }
-        }
+        conv.history(&turn.appended, &output);
     }
     // Prompt tokens of the previous context an unlimited cache would keep
     // (none of a joined program's history was ever computed).
@@ -353,20 +364,11 @@ async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join:
         if let Ok(mut o) = sh.open.lock() {
             o.insert(idx, started);
         }
-        let reply = match sh.cfg.mode {
-            Mode::Tokens => {
-                context.extend_from_slice(&turn.appended);
-                sh.client
-                    .step(pid, Prompt::Tokens(&context), turn.output_tokens, last)
-                    .await
-            }
-            Mode::Chat => {
-                messages.push(json!({"role": "user", "content": text_for(&turn.appended)}));
-                sh.client
-                    .step(pid, Prompt::Chat(&messages), turn.output_tokens, last)
-                    .await
-            }
-        };
+        conv.user(&turn.appended);
+        let reply = sh
+            .client
+            .step(pid, conv.prompt(), turn.output_tokens, last)
+            .await;
         let finished = Instant::now();
         if let Ok(mut o) = sh.open.lock() {
             o.remove(&idx);
@@ -378,23 +380,9 @@ async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join:
                 return false;
             }
         };
-        let prompt_tokens = match sh.cfg.mode {
-            Mode::Tokens => context.len(),
-            Mode::Chat => reply.prompt_tokens,
-        };
-        if reply.completion_tokens != turn.output_tokens
-            || (sh.cfg.mode == Mode::Tokens
-                && (reply.token_ids.len() != turn.output_tokens
-                    || (reply.prompt_tokens != 0 && reply.prompt_tokens != prompt_tokens)))
-        {
-            sh.record_error(format!(
-                "inexact counts: asked {} tokens for a {}-token prompt, got {} ids, usage {}+{}",
-                turn.output_tokens,
-                prompt_tokens,
-                reply.token_ids.len(),
-                reply.prompt_tokens,
-                reply.completion_tokens
-            ));
+        let prompt_tokens = conv.prompt_tokens(&reply);
+        if let Some(e) = conv.inexact(turn.output_tokens, prompt_tokens, &reply) {
+            sh.record_error(e);
             return false;
         }
         sh.consecutive.store(0, Ordering::Relaxed);
@@ -414,10 +402,7 @@ async fn run_program(sh: &Shared, idx: u64, pid: &str, plan: &ProgramPlan, join:
             });
         }
         own = prompt_tokens + reply.completion_tokens.saturating_sub(1);
-        match sh.cfg.mode {
-            Mode::Tokens => context.extend_from_slice(&reply.token_ids),
-            Mode::Chat => messages.push(json!({"role": "assistant", "content": reply.text})),
-        }
+        conv.assistant(&reply);
         if turn.tool_time_s > 0.0 {
             tokio::time::sleep(Duration::from_secs_f64(turn.tool_time_s)).await;
         }

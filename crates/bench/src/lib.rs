@@ -19,6 +19,7 @@
 //!   swaps between them).
 
 pub mod client;
+mod conversation;
 pub mod dist;
 pub mod driver;
 pub mod prom;
