@@ -10,7 +10,12 @@ OUT=benches/results/sampler-argmax
 CARD=${CARD:-models/qwen3-bench.json}
 CONC=${CONC:-96}
 shape=$(basename "$CARD" .json)
-for arm in "old1 ${OLD_BIN:?}" "new1 ${NEW_BIN:?}" "new2 $NEW_BIN" "old2 $OLD_BIN"; do
+# ORDER: the arms in order (default old new new old; a second pass can
+# run "new3 old3 old4 new4").
+ORDER=${ORDER:-old1 new1 new2 old2}
+for name in $ORDER; do
+  case $name in old*) bin=${OLD_BIN:?} ;; *) bin=${NEW_BIN:?} ;; esac
+  arm="$name $bin"
   set -- $arm
   dir=$OUT/engine-$shape-c$CONC-$1
   mkdir -p "$dir"
