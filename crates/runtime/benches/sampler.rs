@@ -18,7 +18,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use agentd_runtime::sampling::{SamplingParams, SequenceSampler, TokenControls, CPU_KERNELS_ENV};
+use agentd_runtime::sampling::{pass_name, SamplingParams, SequenceSampler, TokenControls};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
@@ -43,22 +43,6 @@ fn cpu_model() -> String {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
-/// The pass `kernels.rs` picks: the same rule, read here to name it.
-fn sampler_pass() -> &'static str {
-    let forced_portable = std::env::var(CPU_KERNELS_ENV).ok().as_deref() == Some("portable");
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !forced_portable
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            return "avx2+fma";
-        }
-    }
-    let _ = forced_portable;
-    "portable"
 }
 
 fn cases() -> Vec<(&'static str, SamplingParams, Vec<u32>)> {
@@ -133,7 +117,7 @@ fn main() {
     println!(
         "sampler, {VOCAB} logits a row: {} ({} pass), {rounds} rounds x {tokens} tokens",
         cpu_model(),
-        sampler_pass()
+        pass_name()
     );
     println!(
         "| case | p50 µs/token | p99 µs/token | best round mean µs/token |\n|---|---:|---:|---:|"

@@ -25,6 +25,19 @@ fn has_avx2_fma() -> bool {
     })
 }
 
+/// The build of the passes below this process runs: `avx2+fma` or
+/// `portable` (named in bench reports). An AVX-512 build of the same code
+/// was measured slower on an AVX-512 Xeon (greedy 17.5-21.6 against
+/// 9.9-13.1 µs a token, p50; `benches/results/sampler-argmax/`), so AVX-512
+/// machines run the AVX2+FMA build.
+pub fn pass_name() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        return "avx2+fma";
+    }
+    "portable"
+}
+
 /// Elements per block of the normaliser pass: its per-block sums let the draw
 /// recompute the weights of one block (256 exps) instead of the row (~150k).
 pub(super) const BLOCK: usize = 256;

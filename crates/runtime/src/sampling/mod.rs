@@ -28,7 +28,7 @@ use penalties::Penalties;
 
 pub use constraint::{Constraint, Grammar, GrammarCompiler};
 pub use controls::{TokenControls, MAX_LOGIT_BIAS};
-pub use kernels::{argmax, CPU_KERNELS_ENV};
+pub use kernels::{argmax, pass_name, CPU_KERNELS_ENV};
 pub use params::{InvalidSampling, SamplingParams, MAX_ADDITIVE_PENALTY, MAX_LOGPROBS};
 pub use prompt::{prompt_logprob, PromptLogprob};
 pub use select::top_k_pairs;
