@@ -71,9 +71,19 @@ where
             let _ = log_tx.send(line);
         }
     });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the server logs its address");
+    let addr = match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(addr) => addr,
+        Err(e) => {
+            // A server that never listened: show why (its exit and log),
+            // or a failure seen once on a fresh machine stays a mystery.
+            let status = p.0.try_wait().ok().flatten();
+            let log: Vec<String> = log_rx.try_iter().collect();
+            panic!(
+                "the server did not log its address ({e}); exit {status:?}; its log:\n{}",
+                log.join("\n")
+            );
+        }
+    };
     (p, addr, log_rx)
 }
 
