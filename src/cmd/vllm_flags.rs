@@ -77,50 +77,72 @@ impl VllmFlags {
 
     /// Logs the accepted no-ops; the first refused flag is the error.
     pub fn check(&self, device: &str) -> Result<()> {
-        let refuse =
-            |flag: &str, why: &str| -> Result<()> { bail!("not supported: {flag} ({why})") };
-        if self.tensor_parallel_size.is_some_and(|n| n > 1) {
-            refuse(
-                "--tensor-parallel-size",
+        if let Some((flag, why)) = self.refused() {
+            bail!("not supported: {flag} ({why})");
+        }
+        for what in self.ignored(device) {
+            tracing::info!("accepted, no effect: {what}");
+        }
+        Ok(())
+    }
+
+    /// The first flag given that agentd cannot honour, and why.
+    fn refused(&self) -> Option<(String, &'static str)> {
+        let kv_dtype = self.kv_cache_dtype.as_deref().filter(|d| *d != "auto");
+        let refused: [(bool, String, &'static str); 9] = [
+            (
+                self.tensor_parallel_size.is_some_and(|n| n > 1),
+                "--tensor-parallel-size".into(),
                 "one model copy per replica; --replicas N (--data-parallel-size) scales out",
-            )?;
-        }
-        if self.pipeline_parallel_size.is_some_and(|n| n > 1) {
-            refuse("--pipeline-parallel-size", "one model copy per replica")?;
-        }
-        if self.no_enable_prefix_caching {
-            refuse(
-                "--no-enable-prefix-caching",
+            ),
+            (
+                self.pipeline_parallel_size.is_some_and(|n| n > 1),
+                "--pipeline-parallel-size".into(),
+                "one model copy per replica",
+            ),
+            (
+                self.no_enable_prefix_caching,
+                "--no-enable-prefix-caching".into(),
                 "the program scheduler is built on the prefix cache",
-            )?;
-        }
-        if let Some(q) = &self.quantization {
-            refuse(
-                &format!("--quantization {q}"),
+            ),
+            (
+                self.quantization.is_some(),
+                format!(
+                    "--quantization {}",
+                    self.quantization.as_deref().unwrap_or("")
+                ),
                 "weights load as f32, bf16 or f16 (--dtype)",
-            )?;
-        }
-        if let Some(d) = self.kv_cache_dtype.as_deref().filter(|d| *d != "auto") {
-            refuse(
-                &format!("--kv-cache-dtype {d}"),
+            ),
+            (
+                kv_dtype.is_some(),
+                format!("--kv-cache-dtype {}", kv_dtype.unwrap_or("")),
                 "the KV cache is f32 on the CPU, 16-bit on CUDA",
-            )?;
-        }
-        if self.enable_lora {
-            refuse("--enable-lora", "no adapters")?;
-        }
-        if self.speculative_config.is_some() {
-            refuse("--speculative-config", "no speculative decoding")?;
-        }
-        if self.chat_template.is_some() {
-            refuse(
-                "--chat-template",
+            ),
+            (self.enable_lora, "--enable-lora".into(), "no adapters"),
+            (
+                self.speculative_config.is_some(),
+                "--speculative-config".into(),
+                "no speculative decoding",
+            ),
+            (
+                self.chat_template.is_some(),
+                "--chat-template".into(),
                 "the template comes from tokenizer_config.json (--tokenizer)",
-            )?;
-        }
-        if self.seed.is_some() {
-            refuse("--seed", "pass `seed` per request")?;
-        }
+            ),
+            (
+                self.seed.is_some(),
+                "--seed".into(),
+                "pass `seed` per request",
+            ),
+        ];
+        refused
+            .into_iter()
+            .find(|(on, _, _)| *on)
+            .map(|(_, flag, why)| (flag, why))
+    }
+
+    /// The flags given that change nothing here, each with why.
+    fn ignored(&self, device: &str) -> Vec<&'static str> {
         let ignored = [
             (
                 self.enable_prefix_caching,
@@ -163,9 +185,86 @@ impl VllmFlags {
                 "--gpu-memory-utilization on the CPU: the KV cache is VLLM_CPU_KVCACHE_SPACE GiB",
             ),
         ];
-        for (_, what) in ignored.iter().filter(|(on, _)| *on) {
-            tracing::info!("accepted, no effect: {what}");
+        ignored
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, what)| what)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each refused flag is named with its value, the first one given wins,
+    /// and the accepted no-ops are listed (the GPU memory share only off CUDA).
+    #[test]
+    fn refused_and_ignored_flags_are_named() {
+        let none = VllmFlags::default();
+        assert!(none.check("cpu").is_ok());
+        assert!(none.ignored("cpu").is_empty());
+        let cases = [
+            (
+                VllmFlags {
+                    tensor_parallel_size: Some(2),
+                    ..Default::default()
+                },
+                "--tensor-parallel-size",
+            ),
+            (
+                VllmFlags {
+                    quantization: Some("awq".into()),
+                    ..Default::default()
+                },
+                "--quantization awq",
+            ),
+            (
+                VllmFlags {
+                    kv_cache_dtype: Some("fp8".into()),
+                    ..Default::default()
+                },
+                "--kv-cache-dtype fp8",
+            ),
+            (
+                VllmFlags {
+                    seed: Some(1),
+                    ..Default::default()
+                },
+                "--seed",
+            ),
+        ];
+        for (flags, name) in cases {
+            let err = flags.check("cpu").unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("not supported: {name} (")),
+                "{err}"
+            );
         }
-        Ok(())
+        let both = VllmFlags {
+            enable_lora: true,
+            seed: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            both.refused().map(|r| r.0),
+            Some("--enable-lora".to_string())
+        );
+        let auto = VllmFlags {
+            kv_cache_dtype: Some("auto".into()),
+            tensor_parallel_size: Some(1),
+            ..Default::default()
+        };
+        assert!(auto.check("cpu").is_ok());
+        assert_eq!(
+            auto.ignored("cpu"),
+            ["--tensor-parallel-size 1: one copy per replica"]
+        );
+        let gpu = VllmFlags {
+            gpu_memory_utilization: Some(0.5),
+            ..Default::default()
+        };
+        assert_eq!(gpu.ignored("cuda").len(), 0);
+        assert_eq!(gpu.ignored("cpu").len(), 1);
     }
 }
