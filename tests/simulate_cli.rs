@@ -85,3 +85,57 @@ fn simulate_rejects_bad_flags_with_a_clear_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("kv_tokens"));
 }
+
+/// The workload shape flags `agentd bench` takes reshape the simulated
+/// preset the same way: fixed 4 output tokens a turn show as exactly 4
+/// output tokens per completed turn; a shape the simulator cannot draw
+/// (exponential tool times) is refused naming the flag's field.
+#[test]
+fn simulate_takes_the_bench_workload_shape() {
+    let dir = std::env::temp_dir().join(format!("agentd-sim-shape-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json = dir.join("out.json");
+    let shape = [
+        "--system-tokens",
+        "256",
+        "--task-tokens",
+        "64:128",
+        "--turns",
+        "4:6",
+        "--tool-tokens",
+        "=64",
+        "--output-tokens",
+        "=4",
+        "--tool-time",
+        "fixed:0.5",
+    ];
+    let out = agentd()
+        .args(["simulate", "--workload", "swe", "--concurrency", "8"])
+        .args(["--policy", "program", "--duration-s", "600", "--warmup-s", "0"])
+        .args(shape)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("agentd runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parses");
+    let run = &v["runs"][0];
+    let per_turn = run["output_tok_s"].as_f64().expect("output_tok_s") * 60.0
+        / run["steps_per_min"].as_f64().expect("steps_per_min");
+    assert!((per_turn - 4.0).abs() < 0.05, "{per_turn} output tokens a turn: {run}");
+
+    let out = agentd()
+        .args(["simulate", "--workload", "swe", "--concurrency", "2"])
+        .args(["--tool-time", "exp:2"])
+        .output()
+        .expect("agentd runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tool times log-normally"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

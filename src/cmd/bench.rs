@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentd_bench::{
-    report, run_sweep, BenchWorkload, CountArg, LevelRow, Mode, RunConfig, SessionFinal,
-    SweepConfig, Target, ToolTime,
+    report, run_sweep, BenchWorkload, LevelRow, Mode, RunConfig, SessionFinal, SweepConfig, Target,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 
 use super::bench_rollout::{Common, RolloutArgs};
+use super::workload_args::WorkloadShapeArgs;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -63,27 +63,8 @@ pub struct BenchArgs {
     /// Send whole requests instead of streaming (no TTFT).
     #[arg(long)]
     no_stream: bool,
-    /// Shared system prompt tokens (preset: swe 2048, toolorch 1536).
-    #[arg(long)]
-    system_tokens: Option<usize>,
-    /// Task tokens of the first turn: N (scale the preset), =N or LO:HI.
-    #[arg(long)]
-    task_tokens: Option<CountArg>,
-    /// Turns (model calls) per program: N (scale), =N or LO:HI.
-    #[arg(long)]
-    turns: Option<CountArg>,
-    /// Tool-output tokens per turn: N (median of the preset's shape), =N or LO:HI.
-    #[arg(long)]
-    tool_tokens: Option<CountArg>,
-    /// Output tokens per turn: N (scale), =N or LO:HI.
-    #[arg(long)]
-    output_tokens: Option<CountArg>,
-    /// Tool time: fixed:S, exp:MEAN or lognormal:MEDIAN:SIGMA.
-    #[arg(long)]
-    tool_time: Option<ToolTime>,
-    /// A program ends before a turn that would exceed this context.
-    #[arg(long)]
-    max_context: Option<usize>,
+    #[command(flatten)]
+    shape: WorkloadShapeArgs,
     /// Granularity of the client's ideal cache: 1 (default) counts every
     /// reusable token; 16 floors to full blocks as vLLM's hashing does.
     #[arg(long, default_value_t = 1)]
@@ -149,27 +130,7 @@ impl BenchArgs {
                 w
             }
         };
-        if let Some(n) = self.system_tokens {
-            w.system_tokens = n;
-        }
-        if let Some(c) = self.task_tokens {
-            w.task_tokens = c.apply(w.task_tokens);
-        }
-        if let Some(c) = self.turns {
-            w.turns = c.apply(w.turns);
-        }
-        if let Some(c) = self.tool_tokens {
-            w.tool_tokens = c.apply(w.tool_tokens);
-        }
-        if let Some(c) = self.output_tokens {
-            w.output_tokens = c.apply(w.output_tokens);
-        }
-        if let Some(t) = self.tool_time {
-            w.tool_time = t;
-        }
-        if let Some(m) = self.max_context {
-            w.max_context = m;
-        }
+        self.shape.apply(&mut w);
         w
     }
 }

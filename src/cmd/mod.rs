@@ -20,3 +20,4 @@ pub mod serve;
 pub mod simulate;
 pub mod telemetry;
 pub mod vllm_flags;
+pub mod workload_args;

@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::scheduler_args::SchedulerArgs;
+use super::workload_args::WorkloadShapeArgs;
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -67,9 +68,30 @@ pub struct SimulateArgs {
     plot: Option<PathBuf>,
     #[command(flatten)]
     sched: SchedulerArgs,
+    /// The preset's shape changed flag for flag as `agentd bench` takes it.
+    #[command(flatten)]
+    shape: WorkloadShapeArgs,
+}
+
+/// The workload preset with the shape flags applied (as `agentd bench`
+/// applies them), in the simulator's form.
+fn workload(args: &SimulateArgs) -> anyhow::Result<Workload> {
+    let mut w = args.workload.clone();
+    if args.shape.any() {
+        let mut shaped = agentd_bench::BenchWorkload::from(w.clone());
+        args.shape.apply(&mut shaped);
+        w = shaped.to_sim(w).map_err(anyhow::Error::msg)?;
+        if args.shape.tool_time.is_some() {
+            // A tool time given by flag replaces the preset's named tools.
+            w.tools.clear();
+        }
+    }
+    w.group_size = args.group_size.max(1);
+    Ok(w)
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let base = workload(&args)?;
     let total = args.policy.len() * args.concurrency.len();
     let mut runs: Vec<RunResult> = Vec::with_capacity(total);
     let started = Instant::now();
@@ -77,9 +99,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         for &policy in &args.policy {
             let mut sched: SchedulerConfig = args.sched.to_config(policy);
             sched.policy = policy;
-            let mut workload = args.workload.clone();
-            workload.group_size = args.group_size.max(1);
-            let mut cfg = SimConfig::new(workload, sched);
+            let mut cfg = SimConfig::new(base.clone(), sched);
             cfg.concurrency = c;
             cfg.replicas = args.replicas;
             cfg.duration_s = args.duration_s;

@@ -69,6 +69,60 @@ impl From<agentd_sim::Workload> for BenchWorkload {
     }
 }
 
+impl BenchWorkload {
+    /// This workload in the simulator's form, over `base` (its named tools
+    /// and group size kept), so `agentd simulate` can run the shape a bench
+    /// measured. The simulator draws task, turn and output counts uniformly
+    /// and tool tokens and tool times log-normally: a shape it cannot draw
+    /// is an error naming the field, not an approximation.
+    pub fn to_sim(&self, mut base: agentd_sim::Workload) -> Result<agentd_sim::Workload, String> {
+        let uniform = |c: Count, what: &str| match c {
+            Count::Fixed(n) => Ok((n, n)),
+            Count::Uniform(lo, hi) => Ok((lo, hi)),
+            Count::LogNormal { .. } => Err(format!(
+                "the simulator draws {what} uniformly: give =N or LO:HI"
+            )),
+        };
+        let fixed = |x: f64| LogNormalClip {
+            median: x,
+            sigma: 0.0,
+            lo: x,
+            hi: x,
+        };
+        base.system_tokens = self.system_tokens;
+        base.task_tokens = uniform(self.task_tokens, "task tokens")?;
+        base.steps = uniform(self.turns, "turns")?;
+        base.gen_tokens = uniform(self.output_tokens, "output tokens")?;
+        base.tool_tokens = match self.tool_tokens {
+            Count::Fixed(n) => fixed(n as f64),
+            Count::LogNormal {
+                median,
+                sigma,
+                lo,
+                hi,
+            } => LogNormalClip {
+                median,
+                sigma,
+                lo: lo as f64,
+                hi: hi as f64,
+            },
+            Count::Uniform(..) => {
+                return Err("the simulator draws tool tokens log-normally: give =N or N".into())
+            }
+        };
+        base.tool_time_s = match self.tool_time {
+            ToolTime::Fixed(s) => fixed(s),
+            ToolTime::LogNormal { median, sigma, lo, hi } => LogNormalClip { median, sigma, lo, hi },
+            ToolTime::Exp(_) => {
+                return Err("the simulator draws tool times log-normally: give fixed:S or lognormal:MEDIAN:SIGMA".into())
+            }
+        };
+        base.max_context = self.max_context;
+        base.name = self.name.clone();
+        Ok(base)
+    }
+}
+
 impl FromStr for BenchWorkload {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
