@@ -54,6 +54,10 @@ if ! "$venv/bin/python" -c "import skyrl, aiohttp, pydantic, typing_extensions" 
   found=$(find_python) || { echo "WARNING: no Python >= 3.11 (skyrl requires it); the trainer client check was NOT run"; exit 0; }
   py=${found% *}
   skyrl=${SKYRL_VERSION:-${found##* }}
+  # Only a venv (or nothing) is replaced: the path may come from the caller.
+  if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then
+    echo "$venv exists and is not a venv; set AGENTD_SKYRL_VENV elsewhere"; exit 1
+  fi
   rm -rf "$venv"
   $py -m venv "$venv" &&
     "$venv/bin/pip" install -q --no-deps "skyrl==$skyrl" &&

@@ -111,7 +111,14 @@ fn simulate_takes_the_bench_workload_shape() {
     ];
     let out = agentd()
         .args(["simulate", "--workload", "swe", "--concurrency", "8"])
-        .args(["--policy", "program", "--duration-s", "600", "--warmup-s", "0"])
+        .args([
+            "--policy",
+            "program",
+            "--duration-s",
+            "600",
+            "--warmup-s",
+            "0",
+        ])
         .args(shape)
         .arg("--json")
         .arg(&json)
@@ -127,7 +134,10 @@ fn simulate_takes_the_bench_workload_shape() {
     let run = &v["runs"][0];
     let per_turn = run["output_tok_s"].as_f64().expect("output_tok_s") * 60.0
         / run["steps_per_min"].as_f64().expect("steps_per_min");
-    assert!((per_turn - 4.0).abs() < 0.05, "{per_turn} output tokens a turn: {run}");
+    assert!(
+        (per_turn - 4.0).abs() < 0.05,
+        "{per_turn} output tokens a turn: {run}"
+    );
 
     let out = agentd()
         .args(["simulate", "--workload", "swe", "--concurrency", "2"])
