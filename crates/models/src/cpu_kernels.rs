@@ -180,18 +180,9 @@ pub fn path() -> KernelPath {
     *P.get_or_init(|| selected().unwrap_or_else(|_| KernelPath::best()))
 }
 
-/// The CPU's model name (`/proc/cpuinfo`'s "model name", or the aarch64
-/// implementer/part line), for logs and benchmark reports; "unknown" where
-/// there is none.
-pub fn cpu_model_name() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| matches!(k.trim(), "model name" | "Model" | "CPU part"))
-        .map(|(_, v)| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "unknown".to_string())
-}
+/// The CPU's model name, for logs and reports (defined in the runtime crate,
+/// which the sampler's bench reads too).
+pub use agentd_runtime::cpu::cpu_model_name;
 
 /// Panics unless the CPU supports `p`: the check every kernel entry point
 /// that takes an explicit path makes before running `#[target_feature]`

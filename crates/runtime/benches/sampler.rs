@@ -18,6 +18,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use agentd_runtime::cpu::cpu_model_name;
 use agentd_runtime::sampling::{pass_name, SamplingParams, SequenceSampler, TokenControls};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -31,18 +32,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 fn cases() -> Vec<(&'static str, SamplingParams, Vec<u32>)> {
@@ -116,7 +105,7 @@ fn main() {
     let rows = rows();
     println!(
         "sampler, {VOCAB} logits a row: {} ({} pass), {rounds} rounds x {tokens} tokens",
-        cpu_model(),
+        cpu_model_name(),
         pass_name()
     );
     println!(

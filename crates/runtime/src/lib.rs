@@ -30,6 +30,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod cpu;
 pub mod error;
 pub mod kv_cache;
 #[cfg(feature = "candle")]
