@@ -279,7 +279,7 @@ fn write_outputs(
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
-        let title = format!("agentd bench: {}", args.workload().name);
+        let title = format!("agentd bench: {}", cfg.run.workload.name);
         std::fs::write(path, report::plot(rows, &title).to_svg())
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
