@@ -23,31 +23,29 @@ cd "$(dirname "$0")/.."
 bin=${1:?usage: trainer-client-check.sh PATH/TO/agentd}
 venv=${AGENTD_SKYRL_VENV:-/var/tmp/agentd-skyrl-venv}
 
+# Whether Python 3.MINOR or newer runs as CMD...
+at_least() { # MINOR CMD...
+  local minor=$1; shift
+  "$@" -c "import sys; sys.exit(sys.version_info < (3, $minor))" 2>/dev/null
+}
+
 # A Python >= 3.12 (pyenv installs are tried by version) for skyrl 0.4.0,
 # else python3 for skyrl 0.3.0. Prints "PYTHON VERSION".
 # AGENTD_SKYRL_PYTHON picks the interpreter (to try the 3.11 path where a
 # newer one exists).
 find_python() {
-  local c
+  local c v
   if [ -n "${AGENTD_SKYRL_PYTHON:-}" ]; then
-    if "$AGENTD_SKYRL_PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-      echo "$AGENTD_SKYRL_PYTHON 0.4.0"
-    else
-      echo "$AGENTD_SKYRL_PYTHON 0.3.0"
-    fi
+    if at_least 12 "$AGENTD_SKYRL_PYTHON"; then echo "$AGENTD_SKYRL_PYTHON 0.4.0"; else echo "$AGENTD_SKYRL_PYTHON 0.3.0"; fi
     return 0
   fi
   for c in python3.13 python3.12 python3; do
-    if "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-      echo "$c 0.4.0"; return 0
-    fi
+    at_least 12 "$c" && { echo "$c 0.4.0"; return 0; }
   done
   for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.1[2-9]' | sort -rV); do
-    if PYENV_VERSION=$v python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-      echo "env PYENV_VERSION=$v python 0.4.0"; return 0
-    fi
+    at_least 12 env PYENV_VERSION="$v" python && { echo "env PYENV_VERSION=$v python 0.4.0"; return 0; }
   done
-  python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo "python3 0.3.0"
+  at_least 11 python3 && echo "python3 0.3.0"
 }
 
 if ! "$venv/bin/python" -c "import skyrl, aiohttp, pydantic, typing_extensions" 2>/dev/null; then

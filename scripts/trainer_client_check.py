@@ -119,10 +119,14 @@ async def main():
     print("pause(keep):", await client.pause(mode="keep"))
     print("resume:", await client.resume())
     print("reset_prefix_cache:", await client.reset_prefix_cache())
-    print("sleep(level=1):", await client.sleep(level=1), "is_sleeping:", await is_sleeping(client))
-    assert await is_sleeping(client) is True
-    print("wake_up:", await client.wake_up(), "is_sleeping:", await is_sleeping(client))
-    assert await is_sleeping(client) is False
+    slept = await client.sleep(level=1)
+    asleep = await is_sleeping(client)
+    print("sleep(level=1):", slept, "is_sleeping:", asleep)
+    assert asleep is True
+    woke = await client.wake_up()
+    asleep = await is_sleeping(client)
+    print("wake_up:", woke, "is_sleeping:", asleep)
+    assert asleep is False
     again = await client.generate({"prompt_token_ids": [ids], "sampling_params": sp})
     assert again["response_ids"][0] == got, "the same tokens after sleep and wake-up"
 

@@ -6,10 +6,16 @@ fn agentd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_agentd"))
 }
 
+/// A fresh directory for one test's output files.
+fn out_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agentd-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
 #[test]
 fn simulate_writes_json_table_and_plot() {
-    let dir = std::env::temp_dir().join(format!("agentd-sim-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = out_dir("sim-cli");
     let json = dir.join("out.json");
     let svg = dir.join("out.svg");
     let out = agentd()
@@ -92,8 +98,7 @@ fn simulate_rejects_bad_flags_with_a_clear_message() {
 /// (exponential tool times) is refused naming the flag's field.
 #[test]
 fn simulate_takes_the_bench_workload_shape() {
-    let dir = std::env::temp_dir().join(format!("agentd-sim-shape-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = out_dir("sim-shape");
     let json = dir.join("out.json");
     let shape = [
         "--system-tokens",
