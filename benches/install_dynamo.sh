@@ -7,6 +7,10 @@
 #   benches/install_dynamo.sh [DYNAMO_VENV] [VLLM_VENV]
 #        (defaults /var/tmp/dynamo-venv, /var/tmp/vllm-venv; run benches/install_vllm.sh first)
 #
+# Without a vLLM venv it installs Dynamo alone (on $PYTHON, default python3.12 or python3): enough
+# for the frontend, the ThunderAgent router and the agentd adapter (benches/thunderagent.sh's
+# ta-agentd-request and ta-agentd targets), not for dynamo.vllm (the ta-vllm target).
+#
 # Two fixes for dynamo.vllm on vLLM 0.32 (both local to the Dynamo venv):
 # - torchvision==0.28.0 --no-deps (the version that matches torch 2.13; dynamo.vllm imports
 #   vLLM's multimodal code, which imports torchvision; its deps would pull a second torch);
@@ -15,14 +19,21 @@
 set -euo pipefail
 VENV=${1:-/var/tmp/dynamo-venv}
 VLLM_VENV=${2:-/var/tmp/vllm-venv}
-PY=${PYTHON:-$VLLM_VENV/bin/python}
-[ -x "$VLLM_VENV/bin/python" ] || { echo "no vLLM venv at $VLLM_VENV (benches/install_vllm.sh)"; exit 1; }
+with_vllm=yes
+if [ -x "$VLLM_VENV/bin/python" ]; then
+  PY=${PYTHON:-$VLLM_VENV/bin/python}
+else
+  with_vllm=no
+  PY=${PYTHON:-$(command -v python3.12 || command -v python3)}
+  echo "no vLLM venv at $VLLM_VENV: installing Dynamo for the agentd targets only" \
+       "(benches/install_vllm.sh first for the ta-vllm target)" >&2
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 site() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 # The Dynamo venv's own site-packages come first on sys.path, the vLLM venv's after them.
-site "$VLLM_VENV/bin/python" > "$(site "$VENV/bin/python")/vllm-venv.pth"
+[ "$with_vllm" = no ] || site "$VLLM_VENV/bin/python" > "$(site "$VENV/bin/python")/vllm-venv.pth"
 "$VENV/bin/pip" install --upgrade pip wheel
 # ai-dynamo's requirements, less aisimulate (the planner's simulator: a placeholder on PyPI that
 # downloads from another index, so it cannot install here; nothing run here imports it).
@@ -39,6 +50,8 @@ for r in md.requires("ai-dynamo") or []:
     print(str(req).split(";")[0])
 PY
 "$VENV/bin/pip" install -r "$VENV/dynamo-reqs.txt"
+"$VENV/bin/python" -c "import dynamo.frontend, dynamo.common.backend, dynamo.llm; print('dynamo ok')"
+[ "$with_vllm" = yes ] || exit 0
 "$VENV/bin/pip" install --no-deps torchvision==0.28.0
 # The lazy import (idempotent: the patched line no longer matches).
 "$VENV/bin/python" - "$(site "$VENV/bin/python")" <<'PY'
@@ -65,5 +78,4 @@ for f in root.rglob("*.py"):
         f.write_text(new)
         print("patched", f)
 PY
-"$VENV/bin/python" -c "import dynamo.frontend, dynamo.common.backend, dynamo.llm; print('dynamo ok')"
 "$VENV/bin/python" -c "import vllm, torch, dynamo.vllm.main; print('vllm visible, dynamo.vllm imports, torch', torch.__version__)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SVG plot of one-arm-at-a-time `agentd bench` runs (ABBA order).
+"""SVG plot of one-row `agentd bench` runs (ABBA order, or benches/pair.sh passes).
 
 usage: abba_report.py OUT.svg LABEL=RUN.json...
 Each RUN.json is `agentd bench --json` output with one row; the plot shows
