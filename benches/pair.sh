@@ -8,8 +8,8 @@
 # VMs the arm that runs second was 5-12% slower whichever policy it was
 # (benches/results/default-96-192: 0.83x and 0.94x in the two orders at 96
 # programs), so a sequential pair measures the machine's drift as much as
-# the change. Pinned and simultaneous, the same cell read 0.98x and 1.03x
-# (benches/results/pair-default/). The cost: each arm has half the cores, a
+# the change. Pinned and simultaneous, the same cell read 0.97x and 1.00x
+# in the two passes (benches/results/pair-default/). The cost: each arm has half the cores, a
 # different regime from one server on all of them, so absolute rates are
 # about half; only the ratios compare.
 #
@@ -51,46 +51,44 @@ DIR=$OUT/$RESULT_NAME
 mkdir -p "$DIR"
 trap stop_all EXIT
 
+# One arm's bench at CONC against PORT, in the background (BENCHED: its pid).
+bench_arm() { # NAME PORT CONC JSON LOG
+  "$AGENTD" bench --target "$1=http://127.0.0.1:$2" "${WORKLOAD_FLAGS[@]}" \
+    --concurrency "$3" --duration-s "$DURATION" --warmup-s "$WARMUP" --max-errors 1000000 \
+    $BENCH_FLAGS --json "$4" >"$5" 2>&1 &
+  BENCHED=$!
+}
+
 # One level: both arms at once. Writes c<N>-pass<P>-<arm>.json.
 measure() { # CONC PASS CORES_OF_A CORES_OF_B
-  local c=$1 pass=$2 ca=$3 cb=$4 ja jb pa pb
-  ja=$DIR/c$c-pass$pass-a.json
-  jb=$DIR/c$c-pass$pass-b.json
-  echo "c=$c pass $pass: $A_NAME on cores $ca, $B_NAME on cores $cb" >&2
-  "$AGENTD" bench --target "$A_NAME=http://127.0.0.1:$PORT_A" "${WORKLOAD_FLAGS[@]}" \
-    --concurrency "$c" --duration-s "$DURATION" --warmup-s "$WARMUP" --max-errors 1000000 \
-    $BENCH_FLAGS --json "$ja" >"$WORK/bench-a.txt" 2>&1 &
-  pa=$!
-  "$AGENTD" bench --target "$B_NAME=http://127.0.0.1:$PORT_B" "${WORKLOAD_FLAGS[@]}" \
-    --concurrency "$c" --duration-s "$DURATION" --warmup-s "$WARMUP" --max-errors 1000000 \
-    $BENCH_FLAGS --json "$jb" >"$WORK/bench-b.txt" 2>&1 &
-  pb=$!
+  local c=$1 pass=$2 pa pb
+  echo "c=$c pass $pass: $A_NAME on cores $3, $B_NAME on cores $4" >&2
+  bench_arm "$A_NAME" "$PORT_A" "$c" "$DIR/c$c-pass$pass-a.json" "$WORK/bench-a.txt"
+  pa=$BENCHED
+  bench_arm "$B_NAME" "$PORT_B" "$c" "$DIR/c$c-pass$pass-b.json" "$WORK/bench-b.txt"
+  pb=$BENCHED
   wait "$pa" || { cat "$WORK/bench-a.txt" >&2; return 1; }
   wait "$pb" || { cat "$WORK/bench-b.txt" >&2; return 1; }
 }
 
+# The common shape's server (common.sh) pinned to CORES. SERVED: its pid.
+serve_pinned() { # PORT CORES LOG FLAGS
+  local extra=()
+  read -r -a extra <<<"$4"
+  PIN_CORES=$2 serve_agentd "$1" "$3" "${extra[@]}"
+  SERVED=$SPAWNED
+}
+
 pass() { # PASS CORES_OF_A CORES_OF_B
-  local p=$1 ca=$2 cb=$3 c
-  spawn_pinned "$PORT_A" "$ca" "$WORK/a-pass$p.log" "$A_FLAGS"
-  local sa=$SPAWNED
-  spawn_pinned "$PORT_B" "$cb" "$WORK/b-pass$p.log" "$B_FLAGS"
-  local sb=$SPAWNED
+  local p=$1 ca=$2 cb=$3 c sa sb
+  serve_pinned "$PORT_A" "$ca" "$WORK/a-pass$p.log" "$A_FLAGS"
+  sa=$SERVED
+  serve_pinned "$PORT_B" "$cb" "$WORK/b-pass$p.log" "$B_FLAGS"
+  sb=$SERVED
   IFS=, read -r -a levels <<<"$CONC"
   for c in "${levels[@]}"; do measure "$c" "$p" "$ca" "$cb"; done
   stop_tree "$sa"
   stop_tree "$sb"
-}
-
-# serve_agentd with taskset in front (common.sh's spawn runs the command).
-spawn_pinned() { # PORT CORES LOG FLAGS
-  local port=$1 cores=$2 log=$3 extra=()
-  read -r -a extra <<<"$4"
-  spawn "$log" env RUST_LOG="$RUST_LOG" NO_COLOR=1 taskset -c "$cores" "$AGENTD" serve \
-    --model "$MODEL_DIR" ${DTYPE:+--dtype "$DTYPE"} --num-kv-blocks "$KV_BLOCKS" \
-    --block-size "$BLOCK" --max-num-seqs "$MAX_NUM_SEQS" \
-    --max-num-batched-tokens "$BATCH_TOKENS" --max-model-len "$MAX_MODEL_LEN" \
-    --max-waiting "$MAX_WAITING" --host 127.0.0.1 --port "$port" "${extra[@]}"
-  wait_http "http://127.0.0.1:$port/health" "$SPAWNED" "$log"
 }
 
 started=$(date -u +%FT%TZ)

@@ -284,10 +284,13 @@ quiet_begin() {
 }
 
 # --- Servers with the common shape ---------------------------------------------
-# agentd serve on 127.0.0.1:PORT, output to LOG, waited for (/health).
+# agentd serve on 127.0.0.1:PORT, output to LOG, waited for (/health); pinned
+# to the cores PIN_CORES names when it is set (taskset -c; benches/pair.sh).
 serve_agentd() { # PORT LOG EXTRA...
-  local port=$1 log=$2; shift 2
-  spawn "$log" env RUST_LOG="${RUST_LOG:-warn}" NO_COLOR=1 "$AGENTD" serve --model "$MODEL_DIR" \
+  local port=$1 log=$2 pin=()
+  shift 2
+  [ -z "${PIN_CORES:-}" ] || pin=(taskset -c "$PIN_CORES")
+  spawn "$log" env RUST_LOG="${RUST_LOG:-warn}" NO_COLOR=1 "${pin[@]}" "$AGENTD" serve --model "$MODEL_DIR" \
     ${DTYPE:+--dtype "$DTYPE"} --num-kv-blocks "$KV_BLOCKS" --block-size "$BLOCK" \
     --max-num-seqs "$MAX_NUM_SEQS" --max-num-batched-tokens "$BATCH_TOKENS" \
     --max-model-len "$MAX_MODEL_LEN" --max-waiting "$MAX_WAITING" \
