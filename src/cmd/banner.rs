@@ -31,26 +31,6 @@ pub struct Banner<'a> {
 impl Banner<'_> {
     /// The banner text; `{address}` stands for the bound address.
     pub fn render(&self) -> String {
-        let c = self.config;
-        let dtype = match self.dtype {
-            LoadDtype::Auto => format!("auto ({} as stored)", LoadDtype::Cast(c.torch_dtype)),
-            d => d.to_string(),
-        };
-        let compute = if self.device == "cuda" {
-            "16-bit"
-        } else {
-            "f32 compute and KV"
-        };
-        let kv = self.kv;
-        let host = if self.host_blocks == 0 {
-            "off (--kv-offloading-size GiB)".to_owned()
-        } else {
-            format!(
-                "{} tokens per replica ({} blocks)",
-                self.host_blocks.saturating_mul(kv.block_size),
-                self.host_blocks
-            )
-        };
         let scheduler = match self.scheduler {
             PolicyKind::Program => "program (agent programs keep their KV between turns)",
             PolicyKind::Request => "request (vLLM-like, per request)",
@@ -63,18 +43,8 @@ impl Banner<'_> {
         let rows = [
             ("model", format!("{} as {:?}", self.model, self.name)),
             ("files", self.dir.display().to_string()),
-            (
-                "arch",
-                format!(
-                    "{} ({} layers, hidden {}, vocab {}, window {})",
-                    c.family,
-                    c.num_hidden_layers,
-                    c.hidden_size,
-                    c.vocab_size,
-                    c.max_position_embeddings
-                ),
-            ),
-            ("dtype", format!("{dtype}, {compute} (--dtype)")),
+            ("arch", self.arch()),
+            ("dtype", self.dtype()),
             (
                 "device",
                 format!(
@@ -82,21 +52,8 @@ impl Banner<'_> {
                     self.device, self.replicas, self.threads
                 ),
             ),
-            (
-                "KV cache",
-                format!(
-                    "{} tokens per replica, {:.2} GiB, {} blocks of {} ({}); max model len {}, \
-                     max concurrency {:.2}x",
-                    kv.tokens(),
-                    kv.gib(),
-                    kv.num_blocks,
-                    kv.block_size,
-                    kv.source,
-                    self.max_model_len,
-                    kv.tokens() as f64 / self.max_model_len.max(1) as f64
-                ),
-            ),
-            ("host tier", host),
+            ("KV cache", self.kv_cache()),
+            ("host tier", self.host_tier()),
             ("scheduler", scheduler.to_owned()),
             ("prefix cache", "always on".to_owned()),
             (
@@ -121,5 +78,56 @@ impl Banner<'_> {
         }
         out.push('\n');
         out
+    }
+
+    fn arch(&self) -> String {
+        let c = self.config;
+        format!(
+            "{} ({} layers, hidden {}, vocab {}, window {})",
+            c.family, c.num_hidden_layers, c.hidden_size, c.vocab_size, c.max_position_embeddings
+        )
+    }
+
+    fn dtype(&self) -> String {
+        let dtype = match self.dtype {
+            LoadDtype::Auto => format!(
+                "auto ({} as stored)",
+                LoadDtype::Cast(self.config.torch_dtype)
+            ),
+            d => d.to_string(),
+        };
+        let compute = if self.device == "cuda" {
+            "16-bit"
+        } else {
+            "f32 compute and KV"
+        };
+        format!("{dtype}, {compute} (--dtype)")
+    }
+
+    fn kv_cache(&self) -> String {
+        let kv = self.kv;
+        format!(
+            "{} tokens per replica, {:.2} GiB, {} blocks of {} ({}); max model len {}, \
+             max concurrency {:.2}x",
+            kv.tokens(),
+            kv.gib(),
+            kv.num_blocks,
+            kv.block_size,
+            kv.source,
+            self.max_model_len,
+            kv.tokens() as f64 / self.max_model_len.max(1) as f64
+        )
+    }
+
+    fn host_tier(&self) -> String {
+        if self.host_blocks == 0 {
+            "off (--kv-offloading-size GiB)".to_owned()
+        } else {
+            format!(
+                "{} tokens per replica ({} blocks)",
+                self.host_blocks.saturating_mul(self.kv.block_size),
+                self.host_blocks
+            )
+        }
     }
 }

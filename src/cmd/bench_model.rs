@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use agentd_models::cpu_kernels::KernelPath;
 use agentd_models::loader::checkpoint_files;
 use agentd_models::Model;
 use agentd_runtime::sampling::argmax;
@@ -292,18 +293,29 @@ pub fn run(mut a: BenchModelArgs) -> Result<()> {
     if let Some(m) = baseline.as_mut() {
         bench_stock(m, &warm, 1, vocab)?;
     }
+    let rows = measure(&model, &a, baseline.as_mut(), vocab)?;
+    print_report(&a, &rows, kernels)
+}
+
+/// Our model and (when loaded) stock candle's at each batch size.
+fn measure(
+    model: &Model,
+    a: &BenchModelArgs,
+    mut baseline: Option<&mut Stock>,
+    vocab: usize,
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &batch in &a.batch {
-        let ours = bench_ours(&model, &a, batch)?;
+        let ours = bench_ours(model, a, batch)?;
         tracing::info!(
             batch,
             prefill = ours.prefill_tok_s,
             decode = ours.decode_tok_s,
             "ours"
         );
-        let stock = match baseline.as_mut() {
+        let stock = match baseline.as_deref_mut() {
             Some(m) => {
-                let f = bench_stock(m, &a, batch, vocab)?;
+                let f = bench_stock(m, a, batch, vocab)?;
                 tracing::info!(
                     batch,
                     prefill = f.prefill_tok_s,
@@ -316,6 +328,12 @@ pub fn run(mut a: BenchModelArgs) -> Result<()> {
         };
         rows.push(Row { batch, ours, stock });
     }
+    Ok(rows)
+}
+
+/// The table, and with `--json` the report line (naming the CPU and the
+/// kernel path it ran).
+fn print_report(a: &BenchModelArgs, rows: &[Row], kernels: KernelPath) -> Result<()> {
     let cpu = agentd_models::cpu_kernels::cpu_model_name();
     println!(
         "prompt_len={} decode_steps={} block_size={} threads={} cpu_kernels={kernels} cpu=\"{cpu}\"",
@@ -328,7 +346,7 @@ pub fn run(mut a: BenchModelArgs) -> Result<()> {
         "{:>5} | {:>12} {:>12} {:>6} | {:>12} {:>12} {:>6}",
         "batch", "prefill ours", "stock", "ratio", "decode ours", "stock", "ratio"
     );
-    for r in &rows {
+    for r in rows {
         let (sp, sd) = r
             .stock
             .map_or((f64::NAN, f64::NAN), |s| (s.prefill_tok_s, s.decode_tok_s));
@@ -347,12 +365,12 @@ pub fn run(mut a: BenchModelArgs) -> Result<()> {
         let report = Report {
             cpu,
             cpu_kernels: kernels.name(),
-            dtype: dtype.to_string(),
+            dtype: a.dtype.dtype.to_string(),
             prompt_len: a.prompt_len,
             decode_steps: a.decode_steps,
             block_size: a.block_size,
             threads: rayon_threads(),
-            rows: &rows,
+            rows,
         };
         println!("{}", serde_json::to_string(&report)?);
     }

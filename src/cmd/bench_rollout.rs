@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agentd_bench::rollout::{report, run_rollout, RolloutConfig, RolloutTarget, Surface};
+use agentd_bench::rollout::{
+    report, run_rollout, IterationRow, RolloutConfig, RolloutTarget, Surface,
+};
 use agentd_bench::{BenchWorkload, Target};
 use agentd_models::cpu_kernels;
 use anyhow::{bail, Context, Result};
@@ -92,17 +94,7 @@ fn machine() -> (String, String) {
 
 pub fn run(a: &RolloutArgs, c: Common) -> Result<()> {
     check(a, &c)?;
-    let targets: Vec<RolloutTarget> = c
-        .targets
-        .iter()
-        .map(|t| (t, Surface::Sglang))
-        .chain(a.vllm_targets.iter().map(|t| (t, Surface::Vllm)))
-        .map(|(t, surface)| RolloutTarget {
-            name: t.name.clone(),
-            url: t.url.clone(),
-            surface,
-        })
-        .collect();
+    let targets = rollout_targets(a, &c);
     let run_id = format!(
         "rollout-{:x}",
         std::time::SystemTime::now()
@@ -110,27 +102,11 @@ pub fn run(a: &RolloutArgs, c: Common) -> Result<()> {
             .map(|d| d.as_millis())
             .unwrap_or(0)
     );
-    let w = &c.workload;
-    let description = format!(
-        "rollout: {} iterations x {} groups x {} samples, temperature {}; programs: system {} tokens, task {} (shared by a group), turns {}, tool {} tokens, output {} tokens, tool time {}; seed {}",
-        a.iterations, a.groups, a.group_size, a.temperature, w.system_tokens, w.task_tokens,
-        w.turns, w.tool_tokens, w.output_tokens, w.tool_time, c.seed
+    let about = About::new(a, &c);
+    eprintln!(
+        "agentd bench: {}; {}; CPU {}, kernel path {}",
+        about.description, about.swaps, about.cpu, about.kernels
     );
-    let (cpu, kernels) = machine();
-    let swaps = if a.weights.is_empty() {
-        "no weights swapped (pause and continue only)".to_string()
-    } else {
-        format!(
-            "swaps alternate between {} ({} page cache for the read and the swap)",
-            a.weights
-                .iter()
-                .map(|w| w.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            if a.cold_cache { "cold" } else { "warm" }
-        )
-    };
-    eprintln!("agentd bench: {description}; {swaps}; CPU {cpu}, kernel path {kernels}");
     let cfg = RolloutConfig {
         workload: c.workload.clone(),
         iterations: a.iterations,
@@ -151,16 +127,94 @@ pub fn run(a: &RolloutArgs, c: Common) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     let rows = runtime.block_on(run_rollout(&targets, &cfg));
-    println!("{description}\n{swaps}\nCPU {cpu}, kernel path {kernels}");
+    println!(
+        "{}\n{}\nCPU {}, kernel path {}",
+        about.description, about.swaps, about.cpu, about.kernels
+    );
     print!("{}", report::table(&rows).render());
     print!("{}", report::summary(&rows).render());
-    if let Some(path) = c.json {
+    write_reports(a, &c, &targets, &rows, &about)?;
+    let errors: usize = rows.iter().map(|r| r.errors).sum();
+    for r in rows.iter() {
+        for m in &r.error_messages {
+            eprintln!("error: {} iteration {}: {m}", r.target, r.iteration);
+        }
+    }
+    if errors > 0 {
+        bail!("{errors} programs or swaps failed");
+    }
+    Ok(())
+}
+
+/// The SGLang-surface targets, then the vLLM-surface ones.
+fn rollout_targets(a: &RolloutArgs, c: &Common) -> Vec<RolloutTarget> {
+    c.targets
+        .iter()
+        .map(|t| (t, Surface::Sglang))
+        .chain(a.vllm_targets.iter().map(|t| (t, Surface::Vllm)))
+        .map(|(t, surface)| RolloutTarget {
+            name: t.name.clone(),
+            url: t.url.clone(),
+            surface,
+        })
+        .collect()
+}
+
+/// What a run's reports say it was: the workload, the weight swaps and
+/// the machine.
+struct About {
+    description: String,
+    swaps: String,
+    cpu: String,
+    kernels: String,
+}
+
+impl About {
+    fn new(a: &RolloutArgs, c: &Common) -> Self {
+        let w = &c.workload;
+        let description = format!(
+            "rollout: {} iterations x {} groups x {} samples, temperature {}; programs: system {} tokens, task {} (shared by a group), turns {}, tool {} tokens, output {} tokens, tool time {}; seed {}",
+            a.iterations, a.groups, a.group_size, a.temperature, w.system_tokens, w.task_tokens,
+            w.turns, w.tool_tokens, w.output_tokens, w.tool_time, c.seed
+        );
+        let swaps = if a.weights.is_empty() {
+            "no weights swapped (pause and continue only)".to_string()
+        } else {
+            format!(
+                "swaps alternate between {} ({} page cache for the read and the swap)",
+                a.weights
+                    .iter()
+                    .map(|w| w.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if a.cold_cache { "cold" } else { "warm" }
+            )
+        };
+        let (cpu, kernels) = machine();
+        Self {
+            description,
+            swaps,
+            cpu,
+            kernels,
+        }
+    }
+}
+
+/// The JSON, plot and markdown reports the flags ask for.
+fn write_reports(
+    a: &RolloutArgs,
+    c: &Common,
+    targets: &[RolloutTarget],
+    rows: &[IterationRow],
+    about: &About,
+) -> Result<()> {
+    if let Some(path) = &c.json {
         let doc = json!({
             "rows": rows,
-            "workload": description,
-            "swaps": swaps,
-            "cpu": cpu,
-            "kernel_path": kernels,
+            "workload": about.description,
+            "swaps": about.swaps,
+            "cpu": about.cpu,
+            "kernel_path": about.kernels,
             "config": {
                 "targets": targets.iter().map(|t| json!({"name": t.name, "url": t.url,
                     "surface": format!("{:?}", t.surface).to_lowercase()})).collect::<Vec<_>>(),
@@ -171,21 +225,15 @@ pub fn run(a: &RolloutArgs, c: Common) -> Result<()> {
         });
         write(path, &serde_json::to_string_pretty(&doc)?)?;
     }
-    if let Some(path) = c.plot {
-        write(path, &report::plot(&rows, "agentd bench: rollout").to_svg())?;
+    if let Some(path) = &c.plot {
+        write(path, &report::plot(rows, "agentd bench: rollout").to_svg())?;
     }
-    if let Some(path) = c.markdown {
-        let header = format!("{description}\n\n{swaps}\n\nCPU: {cpu}; kernel path: {kernels}");
-        write(path, &report::markdown(&rows, &header))?;
-    }
-    let errors: usize = rows.iter().map(|r| r.errors).sum();
-    for r in rows.iter() {
-        for m in &r.error_messages {
-            eprintln!("error: {} iteration {}: {m}", r.target, r.iteration);
-        }
-    }
-    if errors > 0 {
-        bail!("{errors} programs or swaps failed");
+    if let Some(path) = &c.markdown {
+        let header = format!(
+            "{}\n\n{}\n\nCPU: {}; kernel path: {}",
+            about.description, about.swaps, about.cpu, about.kernels
+        );
+        write(path, &report::markdown(rows, &header))?;
     }
     Ok(())
 }

@@ -351,77 +351,110 @@ impl Client {
                 req = req.header("x-dynamo-session-final", "true");
             }
         }
-        let mut resp = req
+        let resp = req
             .body(body.to_string())
             .send()
             .await
             .map_err(|e| self.err(&url, e))?;
         let status = resp.status().as_u16();
-        let streamed = body["stream"].as_bool() == Some(true);
-        if status != 200 || !streamed {
-            let text = resp.text().await.map_err(|e| self.err(&url, e))?;
-            if status != 200 {
-                return Err(ClientError::Status {
-                    url,
-                    status,
-                    body: truncate(&text),
-                });
-            }
-            let v: Value = serde_json::from_str(&text).map_err(|e| ClientError::Protocol {
-                url: url.clone(),
-                msg: format!("bad JSON: {e}"),
-            })?;
-            let mut reply = StepReply::default();
-            absorb(&mut reply, &v);
-            return finish(reply, tokens, max_tokens, &url);
+        let reply = if status != 200 || body["stream"].as_bool() != Some(true) {
+            self.read_whole(resp, status, &url).await?
+        } else {
+            self.read_stream(resp, started, &url).await?
+        };
+        finish(reply, tokens, max_tokens, &url)
+    }
+
+    /// A reply read as one JSON body (or the error a non-200 status is).
+    async fn read_whole(
+        &self,
+        resp: reqwest::Response,
+        status: u16,
+        url: &str,
+    ) -> Result<StepReply, ClientError> {
+        let text = resp.text().await.map_err(|e| self.err(url, e))?;
+        if status != 200 {
+            return Err(ClientError::Status {
+                url: url.to_string(),
+                status,
+                body: truncate(&text),
+            });
         }
+        let v: Value = serde_json::from_str(&text).map_err(|e| ClientError::Protocol {
+            url: url.to_string(),
+            msg: format!("bad JSON: {e}"),
+        })?;
+        let mut reply = StepReply::default();
+        absorb(&mut reply, &v);
+        Ok(reply)
+    }
+
+    /// A reply read from its server-sent events up to `[DONE]`; the first
+    /// chunk that adds text or tokens sets the time to first token.
+    async fn read_stream(
+        &self,
+        mut resp: reqwest::Response,
+        started: Instant,
+        url: &str,
+    ) -> Result<StepReply, ClientError> {
         let mut reply = StepReply::default();
         let mut buf: Vec<u8> = Vec::new();
         let mut done = false;
         while !done {
-            let chunk = resp.chunk().await.map_err(|e| self.err(&url, e))?;
+            let chunk = resp.chunk().await.map_err(|e| self.err(url, e))?;
             let Some(chunk) = chunk else { break };
             buf.extend_from_slice(&chunk);
             while let Some(end) = find_event_end(&buf) {
                 let event: Vec<u8> = buf.drain(..end.0 + end.1).collect();
                 let event = String::from_utf8_lossy(&event[..end.0]).into_owned();
-                for line in event.lines() {
-                    let Some(data) = line.strip_prefix("data:") else {
-                        continue;
-                    };
-                    let data = data.trim();
-                    if data == "[DONE]" {
-                        done = true;
-                        continue;
-                    }
-                    let v: Value =
-                        serde_json::from_str(data).map_err(|e| ClientError::Protocol {
-                            url: url.clone(),
-                            msg: format!("bad stream chunk: {e}"),
-                        })?;
-                    if let Some(err) = v.get("error") {
-                        return Err(ClientError::Protocol {
-                            url: url.clone(),
-                            msg: format!("error in stream: {}", truncate(&err.to_string())),
-                        });
-                    }
-                    let before = (reply.token_ids.len(), reply.text.len());
-                    absorb(&mut reply, &v);
-                    if reply.ttft_s.is_none() && (reply.token_ids.len(), reply.text.len()) != before
-                    {
-                        reply.ttft_s = Some(started.elapsed().as_secs_f64());
-                    }
-                }
+                done |= absorb_event(&mut reply, &event, started, url)?;
             }
         }
         if !done {
             return Err(ClientError::Protocol {
-                url,
+                url: url.to_string(),
                 msg: "stream ended without [DONE]".into(),
             });
         }
-        finish(reply, tokens, max_tokens, &url)
+        Ok(reply)
     }
+}
+
+/// Takes one server-sent event's `data:` lines into `reply`; true when one
+/// of them was `[DONE]`. An `error` object in the stream ends the step.
+fn absorb_event(
+    reply: &mut StepReply,
+    event: &str,
+    started: Instant,
+    url: &str,
+) -> Result<bool, ClientError> {
+    let mut done = false;
+    for line in event.lines() {
+        let Some(data) = line.strip_prefix("data:") else {
+            continue;
+        };
+        let data = data.trim();
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| ClientError::Protocol {
+            url: url.to_string(),
+            msg: format!("bad stream chunk: {e}"),
+        })?;
+        if let Some(err) = v.get("error") {
+            return Err(ClientError::Protocol {
+                url: url.to_string(),
+                msg: format!("error in stream: {}", truncate(&err.to_string())),
+            });
+        }
+        let before = (reply.token_ids.len(), reply.text.len());
+        absorb(reply, &v);
+        if reply.ttft_s.is_none() && (reply.token_ids.len(), reply.text.len()) != before {
+            reply.ttft_s = Some(started.elapsed().as_secs_f64());
+        }
+    }
+    Ok(done)
 }
 
 /// (index of the blank line ending the first event, separator length).

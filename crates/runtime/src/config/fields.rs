@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::{Family, RopeScaling};
+use super::{Family, RopeScaling, WeightDtype};
 use crate::error::{ModelError, Result};
 
 /// Typed access to the fields of one JSON object, with errors naming the field.
@@ -70,6 +70,57 @@ impl Fields<'_> {
             ));
         }
         Ok(family)
+    }
+
+    /// RoPE's base and scaling, stated at top level (transformers 4) or
+    /// inside `rope_parameters` (transformers 5); the base defaults to
+    /// 10,000 as in transformers.
+    pub(super) fn rope(&self) -> Result<(f64, RopeScaling)> {
+        let params = self.obj.get("rope_parameters").and_then(Value::as_object);
+        let theta = match self.opt_f64("rope_theta")? {
+            Some(t) => t,
+            None => params
+                .and_then(|r| r.get("rope_theta"))
+                .and_then(Value::as_f64)
+                .unwrap_or(10_000.0),
+        };
+        let scaling = match self.obj.get("rope_scaling") {
+            Some(Value::Object(o)) => Some(o),
+            _ => params,
+        };
+        Ok((theta, self.rope_scaling(scaling)?))
+    }
+
+    /// The checkpoint's dtype (`torch_dtype`, or transformers 5's `dtype`;
+    /// float32 when neither is stated).
+    pub(super) fn dtype(&self) -> Result<WeightDtype> {
+        let name = self
+            .opt_str("torch_dtype")?
+            .or(self.opt_str("dtype")?)
+            .unwrap_or("float32");
+        WeightDtype::parse(name).ok_or_else(|| {
+            self.err(
+                "torch_dtype",
+                format!("unsupported dtype {name:?} (float32, bfloat16, float16)"),
+            )
+        })
+    }
+
+    /// The leading dims of each head RoPE rotates: `partial_rotary_factor`
+    /// × `head_dim` (GLM rotates half by default, the others the whole
+    /// head), truncated as transformers does (`int(head_dim * factor)`).
+    pub(super) fn rotary_dim(&self, family: Family, head_dim: usize) -> Result<usize> {
+        let default_partial = match family {
+            Family::Glm4 | Family::Glm4Moe => 0.5,
+            Family::Qwen3 | Family::Qwen3Moe => 1.0,
+        };
+        let partial = self
+            .opt_f64_or_rope("partial_rotary_factor")?
+            .unwrap_or(default_partial);
+        if !(partial > 0.0 && partial <= 1.0) {
+            return Err(self.err("partial_rotary_factor", "must be in (0, 1]"));
+        }
+        Ok((head_dim as f64 * partial) as usize)
     }
 
     pub(super) fn usize(&self, field: &'static str) -> Result<usize> {

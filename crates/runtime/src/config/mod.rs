@@ -169,41 +169,9 @@ impl ModelConfig {
         let num_key_value_heads = f
             .opt_usize("num_key_value_heads")?
             .unwrap_or(num_attention_heads);
-        let rope = f.obj.get("rope_parameters").and_then(Value::as_object);
-        let rope_theta = match f.opt_f64("rope_theta")? {
-            Some(t) => t,
-            None => rope
-                .and_then(|r| r.get("rope_theta"))
-                .and_then(Value::as_f64)
-                .unwrap_or(10_000.0),
-        };
-        let scaling_obj = match f.obj.get("rope_scaling") {
-            Some(Value::Object(o)) => Some(o),
-            _ => rope,
-        };
-        let rope_scaling = f.rope_scaling(scaling_obj)?;
-        let dtype_str = f
-            .opt_str("torch_dtype")?
-            .or(f.opt_str("dtype")?)
-            .unwrap_or("float32");
-        let torch_dtype = WeightDtype::parse(dtype_str).ok_or_else(|| ModelError::Config {
-            path: f.path.clone(),
-            field: "torch_dtype",
-            reason: format!("unsupported dtype {dtype_str:?} (float32, bfloat16, float16)"),
-        })?;
-        // GLM rotates half of each head; the others the whole head.
-        let default_partial = match family {
-            Family::Glm4 | Family::Glm4Moe => 0.5,
-            Family::Qwen3 | Family::Qwen3Moe => 1.0,
-        };
-        let partial = f
-            .opt_f64_or_rope("partial_rotary_factor")?
-            .unwrap_or(default_partial);
-        if !(partial > 0.0 && partial <= 1.0) {
-            return Err(f.err("partial_rotary_factor", "must be in (0, 1]"));
-        }
-        // transformers: `int(head_dim * partial_rotary_factor)`.
-        let rotary_dim = (head_dim as f64 * partial) as usize;
+        let (rope_theta, rope_scaling) = f.rope()?;
+        let torch_dtype = f.dtype()?;
+        let rotary_dim = f.rotary_dim(family, head_dim)?;
         let qk_norm = match family {
             Family::Qwen3 | Family::Qwen3Moe => true,
             Family::Glm4 => false,
