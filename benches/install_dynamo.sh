@@ -24,7 +24,12 @@ if [ -x "$VLLM_VENV/bin/python" ]; then
   PY=${PYTHON:-$VLLM_VENV/bin/python}
 else
   with_vllm=no
-  PY=${PYTHON:-$(command -v python3.12 || command -v python3)}
+  # The first that runs: pyenv puts a python3.12 shim on PATH that fails unless 3.12 is selected.
+  PY=${PYTHON:-}
+  for c in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 python3; do
+    [ -n "$PY" ] && break
+    command -v "$c" >/dev/null && "$c" -c '' 2>/dev/null && PY=$(command -v "$c")
+  done
   echo "no vLLM venv at $VLLM_VENV: installing Dynamo for the agentd targets only" \
        "(benches/install_vllm.sh first for the ta-vllm target)" >&2
 fi
