@@ -378,3 +378,38 @@ fn restore_order_pending_requests_before_new_programs_shortest_first() {
     let s = eng.policy.stats();
     assert_eq!((s.restores, s.admissions), (2, 5));
 }
+
+/// With one replica the queue's order is strict for a restore whose own
+/// blocks survive at home (it waits for room there): a smaller program
+/// behind it does not take the room it waits for (`admit.rs`, sticky).
+#[test]
+fn a_sticky_restore_keeps_its_place_in_the_queue() {
+    // C = 100, λmin·C = 90; no tier, no decay.
+    let mut eng = Engine::program(config(0.9, 1.0), 1, 100);
+    admit_all(&mut eng, 0, &[(1, 20), (2, 30), (3, 35)]);
+    for p in 1..=3 {
+        eng.finish(pid(p));
+    }
+    // The idle replica pauses 1 (the shortest acting) for 4; 1's 20 blocks
+    // stay cached at home.
+    eng.request(pid(4), 10 * BS);
+    let d = eng.step(0);
+    assert_eq!((ids(&d.paused()), d.admit), (vec![1], vec![(pid(4), 0)]));
+    // 4 reasons (the replica works, nothing is paused for room). 1's next
+    // turn adds 30 blocks: need 50 + 1 − 20 cached = 31, 76 + 31 > 90.
+    eng.request(pid(1), 30 * BS);
+    eng.now = 1.0;
+    assert!(eng.step(0).is_empty());
+    // A 2-block newcomer would fit (76 + 3 ≤ 90) but queues behind 1.
+    eng.request(pid(5), 2 * BS);
+    eng.now = 2.0;
+    let d = eng.step(0);
+    assert!(d.admit.is_empty(), "passed the sticky restore: {d:?}");
+    assert_eq!(eng.policy.num_waiting(), 2);
+    // 4 goes acting: the idle replica pauses acting programs for 1 first.
+    eng.finish(pid(4));
+    eng.now = 3.0;
+    let d = eng.step(0);
+    assert_eq!(d.admit.first(), Some(&(pid(1), 0)), "{d:?}");
+    eng.check_kv();
+}
