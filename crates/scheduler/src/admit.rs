@@ -320,26 +320,7 @@ impl ProgramScheduler {
             best = self.room_by_pausing(ask, victims, now, mem, room, out);
         }
         if best.is_none() && sticky.is_some() {
-            // With one replica the queue's order is strict (`reserve_for`)
-            // for sticky programs too: a restore waiting for room at home
-            // reserves it, so later, smaller candidates do not take the room
-            // it waits for. Skipping it instead let them pass until the
-            // bypass bound: `agentd simulate` long (1-2k-token tasks, 6-10
-            // turns, 512-token tool outputs, 32-64 output tokens),
-            // cpu-avx512, a 65,536-token pool and a 262,144-token tier, p99
-            // per step 24.9 -> 21.6 s at 32 programs and 35.4 -> 28.8 s at
-            // 48 (the request policy's 20.6 / 28.9), 116.5 -> 116.3-116.4
-            // steps/min; swe with an H100 tier at 96, 27.8 against 29.5 s.
-            // The price: new programs wait behind such restores (there at
-            // 192 programs the slowest first request 75.7 -> 156.8 s, p99
-            // per step 136.0 -> 134.6 s).
-            // Several replicas keep skipping: 768 programs on 8 replicas
-            // ran 2552 steps/min skipping, 2503 reserving the home (kv
-            // imbalance 0.09 -> 0.25).
-            if mem.num_replicas() == 1 {
-                return self.reserve_for(mem, room);
-            }
-            return true;
+            return self.wait_at_home(mem, room);
         }
         let Some(r) = best else {
             return self.reserve_for(mem, room);
@@ -419,6 +400,32 @@ impl ProgramScheduler {
             }
         }
         best.map(|(r, _)| r)
+    }
+
+    /// A unit whose own blocks survive at home fits nowhere: it waits for
+    /// room there.
+    ///
+    /// With one replica the queue's order is strict (`reserve_for`)
+    /// for sticky programs too: a restore waiting for room at home
+    /// reserves it, so later, smaller candidates do not take the room
+    /// it waits for. Skipping it instead let them pass until the
+    /// bypass bound: `agentd simulate` long (1-2k-token tasks, 6-10
+    /// turns, 512-token tool outputs, 32-64 output tokens),
+    /// cpu-avx512, a 65,536-token pool and a 262,144-token tier, p99
+    /// per step 24.9 -> 21.6 s at 32 programs and 35.4 -> 28.8 s at
+    /// 48 (the request policy's 20.6 / 28.9), 116.5 -> 116.3-116.4
+    /// steps/min; swe with an H100 tier at 96, 27.8 against 29.5 s.
+    /// The price: new programs wait behind such restores (there at
+    /// 192 programs the slowest first request 75.7 -> 156.8 s, p99
+    /// per step 136.0 -> 134.6 s).
+    /// Several replicas keep skipping: 768 programs on 8 replicas
+    /// ran 2552 steps/min skipping, 2503 reserving the home (kv
+    /// imbalance 0.09 -> 0.25).
+    fn wait_at_home(&self, mem: &dyn Memory, room: &mut Room) -> bool {
+        if mem.num_replicas() == 1 {
+            return self.reserve_for(mem, room);
+        }
+        true
     }
 
     /// Whether some replica, drained, could hold `need` blocks under λmin.
