@@ -403,7 +403,8 @@ impl ProgramScheduler {
     }
 
     /// A unit whose own blocks survive at home fits nowhere: it waits for
-    /// room there.
+    /// room there. Returns what `place_unit` does: false once nothing more
+    /// can be placed in this decision.
     ///
     /// With one replica the queue's order is strict (`reserve_for`)
     /// for sticky programs too: a restore waiting for room at home
