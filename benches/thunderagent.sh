@@ -168,7 +168,10 @@ workload_flags
 read -r -a bench_flags <<<"$BENCH_FLAGS"
 # --model: a frontend in front of an agentd adapter lists the worker's own name too (first,
 # maybe); the router serves $NAME, and so does every agentd (its directory's name).
-cmd=("$AGENTD" bench "${targets[@]}" "${dynamo_targets[@]}" --dynamo-final terminal --no-progress
+# --order: TARGETS' order is the run order (agentd bench would otherwise run every --target
+# before the --dynamo-target ones); the arm run first is often ahead, so swap it to compare.
+cmd=("$AGENTD" bench "${targets[@]}" "${dynamo_targets[@]}" --order "$(echo $TARGETS | tr ' ' ',')"
+     --dynamo-final terminal --no-progress
      --model "$NAME" "${WORKLOAD_FLAGS[@]}" --concurrency "$CONC" --duration-s "$DURATION"
      --warmup-s "$WARMUP" --max-errors 1000000 "${bench_flags[@]}"
      --json "$OUT/$RESULT_NAME.json" --plot "$OUT/$RESULT_NAME.svg" --markdown "$WORK/table.md")

@@ -326,3 +326,49 @@ fn steps_open_when_the_window_closes_count_by_their_age() {
     assert!(p99 < 2.0 && with_open >= 2.5, "{r}");
     assert!(r["steps"].as_u64().unwrap() >= 8, "{r}");
 }
+
+/// `--order` runs the targets in the order it names (the first is the
+/// baseline of the ratios), whichever flag named them; an unknown or
+/// missing name is refused before anything runs.
+#[test]
+fn order_runs_the_targets_as_named() {
+    let (_server, addr) = serve("128");
+    let out = tmp("bench-order");
+    let url = format!("http://{addr}");
+    let second = format!("second={url}");
+    let flags = [
+        "--target",
+        second.as_str(),
+        "--order",
+        "second,agentd",
+        "--concurrency",
+        "1",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0.2",
+    ];
+    let (o, _) = output_within(bench_cmd(&url, &out, &flags), Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("x second"), "{stdout}");
+    let names: Vec<String> = rows(&out)
+        .iter()
+        .map(|r| r["target"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(names, ["second", "agentd"]);
+
+    let bad = ["--target", second.as_str(), "--order", "second,nobody"];
+    let (o, took) = output_within(bench_cmd(&url, &out, &bad), Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--order must name every target once"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "refused late: {took:?}");
+}

@@ -21,7 +21,8 @@ pub struct BenchArgs {
     /// after another; the first is the baseline of the ratios).
     #[arg(long = "target", required_unless_present_any = ["dynamo_targets", "vllm_targets"])]
     targets: Vec<Target>,
-    /// NAME=URL of an NVIDIA Dynamo frontend (run after the --target ones):
+    /// NAME=URL of an NVIDIA Dynamo frontend (run after the --target ones
+    /// unless --order says otherwise):
     /// programs as Dynamo sessions (x-dynamo-session-id), token ids from
     /// nvext.engine_data (the frontend refuses return_token_ids), the
     /// serving worker of each step from nvext.worker_id (rows' `placement`).
@@ -33,6 +34,13 @@ pub struct BenchArgs {
     /// expects) or none.
     #[arg(long, default_value = "last-turn")]
     dynamo_final: SessionFinal,
+    /// Target names, comma-separated, in the order to run them (the first is
+    /// the baseline of the ratios); every target once. Default: the
+    /// --target ones as given, then the --dynamo-target ones. Why: on
+    /// 2-core machines the arm that runs first is often ahead, so a fair
+    /// comparison runs it both ways (benches/results/ta-swe-abba/).
+    #[arg(long, value_delimiter = ',')]
+    order: Vec<String>,
     /// Workload preset (as in `agentd simulate`): swe or toolorch; or
     /// rollout: RL iterations of program groups with weight swaps between
     /// them (swe-shaped programs; flags under "Rollout").
@@ -135,6 +143,35 @@ impl BenchArgs {
     }
 }
 
+/// `targets` in the order `order` names them (unchanged when it is empty):
+/// each target named exactly once, no unknown name.
+fn in_order(targets: Vec<Target>, order: &[String]) -> Result<Vec<Target>> {
+    if order.is_empty() {
+        return Ok(targets);
+    }
+    let mut names: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    let mut asked: Vec<&str> = order.iter().map(String::as_str).collect();
+    asked.sort_unstable();
+    if names != asked {
+        bail!(
+            "--order must name every target once: targets {:?}, --order {:?}",
+            targets.iter().map(|t| &t.name).collect::<Vec<_>>(),
+            order
+        );
+    }
+    let mut slots: Vec<Option<Target>> = targets.into_iter().map(Some).collect();
+    let mut out = Vec::with_capacity(slots.len());
+    for name in order {
+        let slot = slots
+            .iter_mut()
+            .find(|s| s.as_ref().is_some_and(|t| &t.name == name))
+            .context("a target named twice")?;
+        out.extend(slot.take());
+    }
+    Ok(out)
+}
+
 fn load_avg() -> Option<String> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -176,6 +213,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ..t.clone()
         }))
         .collect();
+    let targets = in_order(targets, &args.order)?;
     let cfg = sweep_config(&args, &workload);
     let description = describe(&workload);
     eprintln!("agentd bench: {description}");
