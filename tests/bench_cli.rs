@@ -371,4 +371,18 @@ fn order_runs_the_targets_as_named() {
         "{stderr}"
     );
     assert!(took < Duration::from_secs(10), "refused late: {took:?}");
+
+    let mut rollout = Command::new(env!("CARGO_BIN_EXE_agentd"));
+    rollout
+        .args(["bench", "--target", &format!("agentd={url}")])
+        .args(["--workload", "rollout", "--order", "agentd"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (o, _) = output_within(rollout, Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--order is for the agentic sweep"),
+        "{stderr}"
+    );
 }

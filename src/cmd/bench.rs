@@ -160,16 +160,11 @@ fn in_order(targets: Vec<Target>, order: &[String]) -> Result<Vec<Target>> {
             order
         );
     }
-    let mut slots: Vec<Option<Target>> = targets.into_iter().map(Some).collect();
-    let mut out = Vec::with_capacity(slots.len());
-    for name in order {
-        let slot = slots
-            .iter_mut()
-            .find(|s| s.as_ref().is_some_and(|t| &t.name == name))
-            .context("a target named twice")?;
-        out.extend(slot.take());
-    }
-    Ok(out)
+    let mut targets = targets;
+    // Every name is in `order` (checked above); a stable sort keeps targets
+    // of one name in the order given.
+    targets.sort_by_key(|t| order.iter().position(|n| n == &t.name));
+    Ok(targets)
 }
 
 fn load_avg() -> Option<String> {
@@ -180,6 +175,9 @@ fn load_avg() -> Option<String> {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     if matches!(args.workload, WorkloadArg::Rollout) {
+        if !args.order.is_empty() {
+            bail!("--order is for the agentic sweep, not --workload rollout");
+        }
         return super::bench_rollout::run(
             &args.rollout,
             Common {
