@@ -16,7 +16,9 @@
 #   A_FLAGS="--scheduler program" B_FLAGS="--scheduler request" \
 #     CONC=48,96,192 RESULT_NAME=pair-default benches/pair.sh
 #
-# Writes $OUT/$RESULT_NAME/{README.md,c<N>.svg,c<N>-pass<P>-<arm>.json}.
+# Writes $OUT/$RESULT_NAME/{README.md,c<N>.svg,c<N>-pass<P>-<arm>.json}; the
+# README ends with where each arm's time went, from both servers' /metrics
+# over the window (benches/lib/pair_metrics.py; snapshots in $WORK/metrics).
 # Every other knob (workload, KV_TOKENS, BLOCK, ...): benches/lib/common.sh.
 # Never run in CI (minutes of CPU).
 set -euo pipefail
@@ -33,6 +35,7 @@ B_FLAGS=${B_FLAGS:-}
 BENCH_FLAGS=${BENCH_FLAGS:-}
 PORT_A=${PORT_A:-18121}
 PORT_B=${PORT_B:-18122}
+METRICS_EVERY=${METRICS_EVERY:-10}
 ncpu=$(nproc)
 CORES_A=${CORES_A:-0-$((ncpu / 2 - 1))}
 CORES_B=${CORES_B:-$((ncpu / 2))-$((ncpu - 1))}
@@ -44,6 +47,9 @@ command -v taskset >/dev/null || { echo "pair.sh needs taskset (util-linux)" >&2
 need_agentd
 engine_shape
 mkdir -p "$WORK"
+METRICS=$WORK/metrics
+rm -rf "$METRICS"
+mkdir -p "$METRICS"
 ensure_model
 kv_geometry
 workload_flags
@@ -59,16 +65,40 @@ bench_arm() { # NAME PORT CONC JSON LOG
   BENCHED=$!
 }
 
+# Both servers' /metrics every METRICS_EVERY s through the benches' measured
+# window (the first snapshot at its start, the last at its end), into
+# $METRICS/c<N>-pass<P>-<arm>-<i>.prom for benches/lib/pair_metrics.py.
+scrape_window() { # CONC PASS
+  local c=$1 p=$2 i=0 end left arm port
+  sleep "$WARMUP"
+  end=$((SECONDS + ${DURATION%.*}))
+  while :; do
+    for arm in a b; do
+      port=$PORT_A
+      [ "$arm" = b ] && port=$PORT_B
+      curl -sf -m 5 "http://127.0.0.1:$port/metrics" >"$METRICS/c$c-pass$p-$arm-$i.prom" ||
+        rm -f "$METRICS/c$c-pass$p-$arm-$i.prom"
+    done
+    i=$((i + 1))
+    left=$((end - SECONDS))
+    [ "$left" -gt 0 ] || break
+    sleep $((left < METRICS_EVERY ? left : METRICS_EVERY))
+  done
+}
+
 # One level: both arms at once. Writes c<N>-pass<P>-<arm>.json.
 measure() { # CONC PASS CORES_OF_A CORES_OF_B
-  local c=$1 pass=$2 pa pb
+  local c=$1 pass=$2 pa pb ps
   echo "c=$c pass $pass: $A_NAME on cores $3, $B_NAME on cores $4" >&2
   bench_arm "$A_NAME" "$PORT_A" "$c" "$DIR/c$c-pass$pass-a.json" "$WORK/bench-a.txt"
   pa=$BENCHED
   bench_arm "$B_NAME" "$PORT_B" "$c" "$DIR/c$c-pass$pass-b.json" "$WORK/bench-b.txt"
   pb=$BENCHED
-  wait "$pa" || { cat "$WORK/bench-a.txt" >&2; return 1; }
-  wait "$pb" || { cat "$WORK/bench-b.txt" >&2; return 1; }
+  scrape_window "$c" "$pass" &
+  ps=$!
+  wait "$pa" || { kill "$ps" 2>/dev/null; cat "$WORK/bench-a.txt" >&2; return 1; }
+  wait "$pb" || { kill "$ps" 2>/dev/null; cat "$WORK/bench-b.txt" >&2; return 1; }
+  wait "$ps" || true
 }
 
 # The common shape's server (common.sh) pinned to CORES. SERVED: its pid.
@@ -109,6 +139,11 @@ python3 benches/lib/pair_report.py "$DIR" "$A_NAME" "$B_NAME" "$CONC" >"$DIR/tab
   echo "- Workload: $(workload_line). ${WARMUP} s warm-up, ${DURATION} s measured per level.${BENCH_FLAGS:+ Bench flags: $BENCH_FLAGS.}"
   echo
   cat "$DIR/table.md"
+  echo
+  echo "Where the time went (both servers' \`/metrics\` over the measured window, every ${METRICS_EVERY} s;"
+  echo "\`benches/lib/pair_metrics.py\` says how to read it):"
+  echo
+  python3 benches/lib/pair_metrics.py "$METRICS" "$A_NAME" "$B_NAME" "$CONC"
 } >"$DIR/README.md"
 rm -f "$DIR/table.md"
 cat "$DIR/README.md"

@@ -196,7 +196,15 @@ impl SchedulerConfig {
     ///   replicas' usage within a few percent of each other. On the CPU
     ///   benchmark's 65,536-token pool it also ran faster with a shorter
     ///   tail than 0.8 (benches/results/thunderagent-l95.md against
-    ///   thunderagent-rerun.md), so the bench scripts use it too.
+    ///   thunderagent-rerun.md), so the bench scripts use it too. Its cost
+    ///   past the knee on the CPU: the pool holds 0.90-0.91 full against the
+    ///   request policy's 0.97 (demand counts promised prefill), 16.0
+    ///   sequences decode per step against 17.2, 1.00x request
+    ///   (benches/results/pair-gqa4-hd128-long-48-metrics). λmin = 1.0
+    ///   closed that gap for 1.01x, p99 1.04x (…-48-l100), within the
+    ///   passes' spread, while the simulator's slowest steps grew 30.6 ->
+    ///   52.1 s (96 programs, H100, host tier) and without a tier
+    ///   throughput fell 295.5 -> 255.5 steps/min; so 0.95 stays.
     /// * a program passed over 16 times is admitted first: the slowest
     ///   request at 96 swe programs 401 -> 279 s, at 192 989 -> 542 s, at
     ///   no cost in steps/min.

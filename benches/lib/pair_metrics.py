@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Where each arm's time went in a benches/pair.sh run, from its servers'
+/metrics (markdown table on stdout).
+
+usage: pair_metrics.py METRICS_DIR A_NAME B_NAME CONC
+METRICS_DIR holds c<N>-pass<P>-<arm>-<seq>.prom, scraped from the start of
+the bench's measured window to its end (pair.sh). Counters are read as the
+difference between the first and the last snapshot, gauges as the mean of
+all of them.
+
+Why these columns: past the knee both arms' forwards are busy the whole
+window, so throughput is forward time per finished request. That is the
+prompt tokens each computes (`prefill tokens/finished`, `prefix hit`) and
+how many steps a request's decode takes, which is how many sequences each
+step decodes (`decoders/step`, generated tokens per step) and so how much
+of the KV pool holds running programs (`KV used`, `running`): a step's
+forward costs about the same whatever the batch (gqa4-hd128 card, 48
+programs, AMD EPYC avx512: 0.30-0.33 s a step, ~0.013 s more per extra
+decoder; benches/results/pair-gqa4-hd128-long-48-metrics). The table says
+which of the two differs between the arms. Stdlib only.
+"""
+import glob
+import os
+import re
+import sys
+
+COUNTERS = {
+    "fwd_s": "agentd:step_forward_seconds_sum",
+    "steps": "agentd:step_forward_seconds_count",
+    "finished": "agentd:requests_finished_total",
+    "batch": "agentd:batch_tokens_total",
+    "gen": "vllm:generation_tokens_total",
+    "queries": "vllm:prefix_cache_queries_total",
+    "hits": "vllm:prefix_cache_hits_total",
+    "pauses": "agentd:program_pauses_total",
+    "onloaded": "agentd:kv_onloaded_blocks_total",
+}
+GAUGES = {
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "kv": "vllm:kv_cache_usage_perc",
+}
+
+
+def parse(path):
+    """Sum of each metric family's series (labels dropped)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            key, _, value = line.rpartition(" ")
+            name = key.split("{", 1)[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def snapshots(d, c, p, arm):
+    pat = re.compile(rf"c{c}-pass{p}-{arm}-(\d+)\.prom$")
+    files = [(int(m.group(1)), f) for f in glob.glob(f"{d}/*.prom")
+             if (m := pat.search(os.path.basename(f)))]
+    return [parse(f) for _, f in sorted(files)]
+
+
+def summary(snaps):
+    if len(snaps) < 2:
+        return None
+    first, last = snaps[0], snaps[-1]
+    dc = {k: last.get(m, 0.0) - first.get(m, 0.0) for k, m in COUNTERS.items()}
+    g = {k: sum(s.get(m, 0.0) for s in snaps) / len(snaps) for k, m in GAUGES.items()}
+    fin = max(dc["finished"], 1.0)
+    steps = max(dc["steps"], 1.0)
+    return {
+        "finished": dc["finished"],
+        "decoders": dc["gen"] / steps,
+        "step_s": dc["fwd_s"] / steps,
+        "prefill": (dc["batch"] - dc["gen"]) / fin,
+        "fwd_per_fin": dc["fwd_s"] / fin,
+        "hit": dc["hits"] / dc["queries"] if dc["queries"] else float("nan"),
+        "pauses": dc["pauses"],
+        "onloaded": dc["onloaded"],
+        **g,
+    }
+
+
+def main():
+    d, names, conc = sys.argv[1], {"a": sys.argv[2], "b": sys.argv[3]}, sys.argv[4]
+    print("| programs | pass | arm | finished | decoders/step | forward s/step | KV used | running / waiting "
+          "| prefill tokens/finished | forward s/finished | prefix hit | pauses | blocks onloaded |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in conc.split(","):
+        for p in (1, 2):
+            for arm in ("a", "b"):
+                s = summary(snapshots(d, c, p, arm))
+                if s is None:
+                    print(f"| {c} | {p} | {names[arm]} | (fewer than 2 snapshots) |||||||||")
+                    continue
+                print(f"| {c} | {p} | {names[arm]} | {s['finished']:.0f} | {s['decoders']:.1f} "
+                      f"| {s['step_s']:.3f} | {s['kv']:.3f} | {s['running']:.1f} / {s['waiting']:.1f} "
+                      f"| {s['prefill']:.0f} | {s['fwd_per_fin']:.3f} | {s['hit']:.4f} "
+                      f"| {s['pauses']:.0f} | {s['onloaded']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
