@@ -201,10 +201,12 @@ impl SchedulerConfig {
     ///   request policy's 0.97 (demand counts promised prefill), 16.0
     ///   sequences decode per step against 17.2, 1.00x request
     ///   (benches/results/pair-gqa4-hd128-long-48-metrics). λmin = 1.0
-    ///   closed that gap for 1.01x, p99 1.04x (…-48-l100), within the
-    ///   passes' spread, while the simulator's slowest steps grew 30.6 ->
-    ///   52.1 s (96 programs, H100, host tier) and without a tier
-    ///   throughput fell 295.5 -> 255.5 steps/min; so 0.95 stays.
+    ///   closed that gap for 1.01x, p99 1.04x (pair-gqa4-hd128-long-48-l100), within the
+    ///   passes' spread; on the GQA-1 card, where each extra decoder costs
+    ///   ~3x as much forward, it read 0.98x λmin 0.95 with p99 84 vs 63 s
+    ///   (pair-gqa1-long-48-l100); the simulator's slowest steps grew 30.6
+    ///   -> 52.1 s (96 programs, H100, host tier) and without a tier
+    ///   throughput fell 295.5 -> 255.5 steps/min. So 0.95 stays.
     /// * a program passed over 16 times is admitted first: the slowest
     ///   request at 96 swe programs 401 -> 279 s, at 192 989 -> 542 s, at
     ///   no cost in steps/min.
