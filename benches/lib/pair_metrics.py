@@ -13,12 +13,9 @@ window, so throughput is forward time per finished request. That is the
 prompt tokens each computes (`prefill tokens/finished`, `prefix hit`) and
 how many steps a request's decode takes, which is how many sequences each
 step decodes (`decoders/step`, generated tokens per step) and so how much
-of the KV pool holds running programs (`KV used`, `running`), against
-what each extra decoder adds to a step (`forward s/step`). At 48 programs
-on AMD EPYC (avx512) a step cost 0.30-0.33 s and an extra decoder ~0.013 s
-on the gqa4-hd128 card, ~0.035 s on the GQA-1 one
-(benches/results/pair-gqa4-hd128-long-48-metrics, pair-gqa1-long-48-l100).
-The table says which of these differs between the arms. Stdlib only.
+of the KV pool holds running programs (`KV used`, `running`). Within a
+pass the arms run on different cores, so compare the mean of the passes.
+Stdlib only.
 """
 import glob
 import os

@@ -202,8 +202,8 @@ impl SchedulerConfig {
     ///   sequences decode per step against 17.2, 1.00x request
     ///   (benches/results/pair-gqa4-hd128-long-48-metrics). λmin = 1.0
     ///   closed that gap for 1.01x, p99 1.04x (pair-gqa4-hd128-long-48-l100), within the
-    ///   passes' spread; on the GQA-1 card, where each extra decoder costs
-    ///   ~3x as much forward, it read 0.98x λmin 0.95 with p99 84 vs 63 s
+    ///   passes' spread; on the GQA-1 card it read 0.98x λmin 0.95, the
+    ///   larger decode batch no cheaper per request, with p99 84 vs 63 s
     ///   (pair-gqa1-long-48-l100); the simulator's slowest steps grew 30.6
     ///   -> 52.1 s (96 programs, H100, host tier) and without a tier
     ///   throughput fell 295.5 -> 255.5 steps/min. So 0.95 stays.
