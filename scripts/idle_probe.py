@@ -18,10 +18,15 @@ prompts on /v1/completions, greedy, ignore_eos: exact context sizes.
 
 import argparse
 import json
+import os
 import random
+import sys
 import threading
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benches", "lib"))
+from prom import families  # noqa: E402
 
 
 def post(base, path, body, timeout=600):
@@ -36,18 +41,7 @@ def post(base, path, body, timeout=600):
 
 def metrics(base):
     with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        name = name.split("{", 1)[0]
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            pass
-    return out
+        return families(r.read().decode())
 
 
 def pct(xs, q):

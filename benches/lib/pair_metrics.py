@@ -22,6 +22,8 @@ import os
 import re
 import sys
 
+from prom import families
+
 COUNTERS = {
     "fwd_s": "agentd:step_forward_seconds_sum",
     "steps": "agentd:step_forward_seconds_count",
@@ -41,19 +43,8 @@ GAUGES = {
 
 
 def parse(path):
-    """Sum of each metric family's series (labels dropped)."""
-    out = {}
     with open(path) as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            key, _, value = line.rpartition(" ")
-            name = key.split("{", 1)[0]
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                pass
-    return out
+        return families(f.read())
 
 
 def snapshots(d, c, p, arm):
