@@ -83,6 +83,11 @@ pub struct SchedulerArgs {
     /// waiting for room under lambda-min.
     #[arg(long, default_value_t = DEFAULTS.swap_for_waiting, action = clap::ArgAction::Set)]
     pub swap_for_waiting: bool,
+    /// A program still resident when its tool returns, while the program
+    /// queued longest fits no replica, queues behind it (its blocks stay
+    /// cached) instead of starting at once.
+    #[arg(long, default_value_t = DEFAULTS.yield_to_queue, action = clap::ArgAction::Set)]
+    pub yield_to_queue: bool,
 }
 
 impl SchedulerArgs {
@@ -107,6 +112,7 @@ impl SchedulerArgs {
             prefill_share: self.prefill_share,
             admit_prefill_s: self.admit_prefill_s,
             swap_for_waiting: self.swap_for_waiting,
+            yield_to_queue: self.yield_to_queue,
             ..SchedulerConfig::default()
         }
     }

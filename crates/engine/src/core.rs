@@ -324,9 +324,15 @@ impl Core {
     /// once if the program is active somewhere.
     fn route(&mut self, p: ProgramId) {
         let now = self.now();
+        let yields = self.replicas.stats().pauses.of(Cause::Yielded);
         match self.replicas.on_request(p, now, &Requests(&self.requests)) {
             Some(st) => self.note_start(st),
             None => {
+                // Resident, it yielded its place to older queued programs
+                // (the core applied that pause): its restore is traced as one.
+                if self.replicas.stats().pauses.of(Cause::Yielded) > yields {
+                    self.note_pause(p, Cause::Yielded);
+                }
                 let waiting = self.num_waiting();
                 if let Some(req) = self.requests.get(&p) {
                     self.outbox.mark(&req.span, Mark::Queued { waiting });

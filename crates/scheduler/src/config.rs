@@ -171,6 +171,13 @@ pub struct SchedulerConfig {
     /// against the request policy's 2681.2); placement-aware swapping is
     /// not built.
     pub swap_for_waiting: bool,
+    /// Returning residents yield to the queue: a program still resident
+    /// when its tool returns, while the program longest queued does not
+    /// fit its replica, is paused there (blocks cached, evictable) and
+    /// queued like the rest (`Route::Yield`), instead of starting at once
+    /// ahead of programs that waited longer. The request policy's FCFS
+    /// does the same by construction.
+    pub yield_to_queue: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -231,6 +238,7 @@ impl SchedulerConfig {
         prefill_share: 1.0,
         admit_prefill_s: f64::INFINITY,
         swap_for_waiting: true,
+        yield_to_queue: false,
     };
 
     /// `f(t) = x^(-t/Δ)`: the weight of an acting program's exclusive memory

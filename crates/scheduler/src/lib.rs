@@ -61,6 +61,11 @@ pub enum Route {
     Run { replica: usize },
     /// The request waits in the queue until a decision admits its program.
     Queued,
+    /// The program is resident on this replica but yields its place to the
+    /// programs queued before it (`SchedulerConfig::yield_to_queue`): the
+    /// core pauses it there (its blocks stay cached, evictable) and its
+    /// request waits in the queue like theirs.
+    Yield { replica: usize },
 }
 
 /// Why a program was paused: the one definition the engine's metrics and
@@ -82,16 +87,20 @@ pub enum PauseCause {
     Exhaustion,
     /// A trainer's `pause_generation` in `retract` mode.
     Retracted,
+    /// A resident program whose tool returned while others queued took its
+    /// place in the queue (`Route::Yield`).
+    Yielded,
 }
 
 impl PauseCause {
-    pub const ALL: [PauseCause; 6] = [
+    pub const ALL: [PauseCause; 7] = [
         PauseCause::Thrashing,
         PauseCause::WorkConserving,
         PauseCause::TierSwap,
         PauseCause::Overdue,
         PauseCause::Exhaustion,
         PauseCause::Retracted,
+        PauseCause::Yielded,
     ];
     /// The name traces and logs use.
     pub fn as_str(self) -> &'static str {
@@ -102,13 +111,14 @@ impl PauseCause {
             PauseCause::Overdue => "overdue",
             PauseCause::Exhaustion => "kv_exhausted",
             PauseCause::Retracted => "retracted",
+            PauseCause::Yielded => "yielded",
         }
     }
 }
 
 /// Pauses counted by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PauseCounts([u64; 6]);
+pub struct PauseCounts([u64; 7]);
 
 impl PauseCounts {
     pub fn of(&self, cause: PauseCause) -> u64 {
@@ -166,7 +176,15 @@ pub struct PolicyStats {
 /// `now` is monotonic seconds.
 pub trait Policy: Send {
     /// A request of `p` arrived; its prompt is `context_tokens` long.
-    fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route;
+    /// `mem` is the replicas' memory as it stands (no decision applied
+    /// since the last step boundary).
+    fn on_request(
+        &mut self,
+        p: ProgramId,
+        now: f64,
+        context_tokens: usize,
+        mem: &dyn Memory,
+    ) -> Route;
     /// A request of `p` finished; `context_tokens` is its final context length.
     /// Returns true when the engine must drop the program's KV references now
     /// (request-level policies); false when the program keeps them.
@@ -213,8 +231,14 @@ pub trait Policy: Send {
 /// A boxed policy is a policy (the engine and the simulator pick one at run
 /// time; tests use the concrete types).
 impl<T: Policy + ?Sized> Policy for Box<T> {
-    fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route {
-        (**self).on_request(p, now, context_tokens)
+    fn on_request(
+        &mut self,
+        p: ProgramId,
+        now: f64,
+        context_tokens: usize,
+        mem: &dyn Memory,
+    ) -> Route {
+        (**self).on_request(p, now, context_tokens, mem)
     }
     fn on_request_finished(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> bool {
         (**self).on_request_finished(p, now, context_tokens)

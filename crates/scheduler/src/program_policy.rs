@@ -300,6 +300,31 @@ impl ProgramScheduler {
         self.queue.remove(p);
     }
 
+    /// Whether `p`, resident on `l` and back from its tool with its turn's
+    /// first request, yields to the queue (`SchedulerConfig::yield_to_queue`):
+    /// the program queued longest fits no replica now (this request's
+    /// prompt already counted in `l`'s demand), so `p` starting at once
+    /// would take room, and compute, ahead of it; and `l`'s host tier keeps
+    /// what `p` parks, as rotation's gate asks (`rotation.rs`): without
+    /// that gate, `agentd simulate` swe at 192 programs (H100, 3.46M-token
+    /// tier) recomputed 2.9M tokens and fell 272.4 -> 219.3 steps/min.
+    fn yields(&mut self, p: ProgramId, l: usize, now: f64, mem: &dyn Memory) -> bool {
+        if !self.cfg.yield_to_queue
+            || self.programs.get(&p).is_none_or(|q| q.in_flight != 1)
+            || mem.host_capacity(l) == 0
+        {
+            return false;
+        }
+        let Some(oldest) = self.queue.by_arrival().find(|q| *q != p) else {
+            return false;
+        };
+        let (need, _) = self.need(oldest, now, mem);
+        let fits = |r: usize, d: f64| d + need <= self.cfg.lambda_min * mem.capacity(r) as f64;
+        debug_assert!(self.active.get(l).is_some_and(|a| a.contains(&p)));
+        !(0..self.active.len()).any(|r| fits(r, self.demand(r, now, mem)))
+            && self.tier_keeps(l, self.parked_blocks(l, mem), [p].into_iter(), &[], mem)
+    }
+
     /// Whether some member of `p`'s group other than `p` is active.
     pub(crate) fn group_active(&self, p: ProgramId) -> bool {
         let Some(g) = self.programs.get(&p).and_then(|q| q.group) else {
@@ -318,7 +343,13 @@ impl ProgramScheduler {
 }
 
 impl Policy for ProgramScheduler {
-    fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route {
+    fn on_request(
+        &mut self,
+        p: ProgramId,
+        now: f64,
+        context_tokens: usize,
+        mem: &dyn Memory,
+    ) -> Route {
         self.programs
             .get_or_insert(p, || Program::new(now, context_tokens));
         if let Some(prog) = self.programs.get_mut(&p) {
@@ -346,6 +377,11 @@ impl Policy for ProgramScheduler {
         };
         if prog.state == State::Active {
             if let Some(replica) = prog.replica {
+                if self.yields(p, replica, now, mem) {
+                    debug!(replica, program = %p, "tool returned behind the queue: yield");
+                    self.mark_paused(p, now, mem);
+                    return Route::Yield { replica };
+                }
                 return Route::Run { replica };
             }
         }

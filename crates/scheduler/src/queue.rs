@@ -118,6 +118,11 @@ impl WaitingQueue {
         })
     }
 
+    /// Every queued program, oldest first.
+    pub fn by_arrival(&self) -> impl Iterator<Item = ProgramId> + '_ {
+        self.fifo.iter().map(|&(_, p)| p)
+    }
+
     /// When `p` was queued.
     pub fn enqueued_at(&self, p: ProgramId) -> Option<f64> {
         self.enqueued_at.get(&p).map(|e| e.0)

@@ -300,9 +300,15 @@ impl<P: Policy> ReplicaSet<P> {
             };
             self.policy.join_group(p, join, now);
         }
-        match self.policy.on_request(p, now, len) {
+        let mem = Replicas(&self.kv, &self.rates);
+        match self.policy.on_request(p, now, len, &mem) {
             Route::Run { replica } => self.start_on(p, replica, ctx),
             Route::Queued => None,
+            Route::Yield { replica } => {
+                self.pause_on(p, replica);
+                self.stats.pauses.add(PauseCause::Yielded);
+                None
+            }
         }
     }
 

@@ -56,7 +56,13 @@ impl RequestScheduler {
 }
 
 impl Policy for RequestScheduler {
-    fn on_request(&mut self, p: ProgramId, now: f64, context_tokens: usize) -> Route {
+    fn on_request(
+        &mut self,
+        p: ProgramId,
+        now: f64,
+        context_tokens: usize,
+        _mem: &dyn Memory,
+    ) -> Route {
         let home = self.programs.get(&p).and_then(|q| q.replica);
         let r = home.unwrap_or_else(|| self.least_loaded());
         let prog = self

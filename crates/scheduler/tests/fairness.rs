@@ -5,7 +5,9 @@
 
 mod common;
 
-use agentd_scheduler::{GroupId, PauseCause, Policy, SchedulerConfig, ToolId, TOOL_MIN_SAMPLES};
+use agentd_scheduler::{
+    GroupId, PauseCause, Policy, Route, SchedulerConfig, ToolId, TOOL_MIN_SAMPLES,
+};
 use common::{config, ids, pid, system_prompt, Engine, BS};
 
 /// Members `first..first + n` of group 7 (announced size `n`): an 8-block
@@ -287,4 +289,78 @@ fn bounded_bypass_prevents_starvation_without_aging() {
             "K = {k_max}: admitted after {k} steps > {limit}"
         );
     }
+}
+
+/// `yield_to_queue`: a resident program whose tool returns while the
+/// program queued longest fits nowhere takes its place in the queue (its
+/// blocks stay cached and match again on restore) instead of starting
+/// ahead of it; with room for that program, with the option off, or
+/// without a host tier to keep what it parks, it starts at once.
+#[test]
+fn a_returning_resident_yields_to_a_queued_program_that_has_no_room() {
+    let setup_with_tier = |yield_to_queue: bool, tier: usize| {
+        // No swapping for room: program 3 waits for it.
+        let cfg = SchedulerConfig {
+            yield_to_queue,
+            swap_for_waiting: false,
+            ..config(0.9, 1.0)
+        };
+        let mut eng = Engine::program(cfg, 1, 100).with_host_tier(tier);
+        // Programs 1 and 2 of 44 blocks run: D = 2 × 45 = 90 = λmin·C.
+        eng.request(pid(1), 44 * BS);
+        eng.request(pid(2), 44 * BS);
+        assert_eq!(eng.step(0).admit.len(), 2);
+        // Program 1 calls a tool and stays resident (D = 44 + 45 = 89);
+        // program 3 (31 blocks with its reserve) has no room.
+        assert!(!eng.finish(pid(1)));
+        eng.request(pid(3), 30 * BS);
+        eng.now = 1.0;
+        assert!(eng.step(0).admit.is_empty(), "no room for program 3");
+        eng
+    };
+    let setup = |yield_to_queue: bool| setup_with_tier(yield_to_queue, 200);
+
+    let mut eng = setup(true);
+    eng.now = 2.0;
+    // Its tool returns: program 3, queued longer, fits nowhere.
+    assert_eq!(eng.request(pid(1), 2 * BS), Route::Queued);
+    assert!(!eng.is_running(pid(1)));
+    assert_eq!(eng.stats().pauses.of(PauseCause::Yielded), 1);
+    let queued: Vec<u64> = eng.policy.queue().by_arrival().map(|p| p.0).collect();
+    assert_eq!(queued, vec![3, 1], "queued behind program 3");
+    eng.check_kv();
+    // Program 2's turn ends: the replica runs nothing, so its acting
+    // programs let go (work conservation) and the queue is served; program
+    // 1's own blocks were kept cached and match again.
+    assert!(!eng.finish(pid(2)));
+    eng.now = 3.0;
+    let admitted: Vec<u64> = eng.step(0).admit.iter().map(|a| a.0 .0).collect();
+    assert!(admitted.contains(&1), "admitted: {admitted:?}");
+    assert!(eng.last_match[&pid(1)].cached_tokens >= 44 * BS);
+    eng.check_kv();
+
+    // Off: it starts at once, ahead of program 3.
+    let mut off = setup(false);
+    off.now = 2.0;
+    assert_eq!(off.request(pid(1), 2 * BS), Route::Run { replica: 0 });
+    assert_eq!(off.stats().pauses.of(PauseCause::Yielded), 0);
+
+    // On, but program 2 has ended: program 3 fits beside program 1 (D = 44
+    // + 2 unprefilled + 1 = 47, 47 + 31 ≤ 90), so program 1 starts at once.
+    let mut room = setup(true);
+    assert!(!room.finish(pid(2)));
+    room.terminate(pid(2));
+    room.now = 2.0;
+    assert_eq!(room.request(pid(1), 2 * BS), Route::Run { replica: 0 });
+    assert_eq!(room.stats().pauses.of(PauseCause::Yielded), 0);
+
+    // A tier too small to keep program 1's 44 blocks (0.9 × 40 = 36):
+    // yielding would lose its KV, so it starts at once.
+    let mut small = setup_with_tier(true, 40);
+    small.now = 2.0;
+    assert_eq!(small.request(pid(1), 2 * BS), Route::Run { replica: 0 });
+    // No tier at all: the same.
+    let mut none = setup_with_tier(true, 0);
+    none.now = 2.0;
+    assert_eq!(none.request(pid(1), 2 * BS), Route::Run { replica: 0 });
 }

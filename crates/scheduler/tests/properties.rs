@@ -86,7 +86,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         // The measured bound (a short one, so that short sequences reach
         // it), or the hard one.
         prop_oneof![Just((f64::INFINITY, 0.5)), Just((1.0, 1.0))],
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
     )
         .prop_map(
             |(
@@ -98,12 +98,13 @@ fn setup() -> impl Strategy<Value = Setup> {
                 reserve,
                 host,
                 (wait, turns),
-                swap,
+                (swap, yield_to_queue),
             )| {
                 let cfg = SchedulerConfig {
                     max_wait_s: wait,
                     rotate_after_turns: turns,
                     swap_for_waiting: swap,
+                    yield_to_queue,
                     decay_base: decay,
                     decay_unit_s: 1.0,
                     decode_reserve_blocks: reserve,
@@ -323,7 +324,7 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
     let strategy = (setup(), proptest::collection::vec(ev(), 1..EVENTS));
     let (mut pauses, mut restores, mut exhausted, mut expired, mut moved) = (0, 0, 0, 0, 0);
     // Rotations under the measured bound (with a tier) and the hard one.
-    let (mut measured, mut hard, mut swapped) = (0, 0, 0);
+    let (mut measured, mut hard, mut swapped, mut yielded) = (0, 0, 0, 0);
     for _ in 0..1024 {
         let (s, evs) = strategy.new_tree(&mut runner).unwrap().current();
         let eng = run_program(&s, &evs).unwrap();
@@ -333,6 +334,7 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
         restores += st.restores;
         exhausted += by_cause.of(PauseCause::Exhaustion);
         swapped += by_cause.of(PauseCause::TierSwap);
+        yielded += by_cause.of(PauseCause::Yielded);
         if s.cfg.max_wait_s.is_finite() {
             hard += by_cause.of(PauseCause::Overdue);
         } else {
@@ -360,7 +362,8 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
     // sequences run in under a second), so this only shows that the path
     // runs under the invariant checks.
     assert!(
-        measured >= 1 && hard >= 10 && swapped >= 10,
-        "rotations: measured bound {measured}, hard bound {hard}; tier swaps {swapped}"
+        measured >= 1 && hard >= 10 && swapped >= 10 && yielded >= 10,
+        "rotations: measured bound {measured}, hard bound {hard}; tier swaps {swapped}; \
+         yields {yielded}"
     );
 }

@@ -127,7 +127,7 @@ const ENGINE: &[Family<MetricsSnapshot>] = &[
     Family {
         name: "agentd:program_pauses_by_cause_total",
         kind: COUNTER,
-        help: "Programs paused by the scheduler, by cause (thrashing, work_conserving, tier_swap, overdue, kv_exhausted, retracted); they sum to agentd:program_pauses_total.",
+        help: "Programs paused by the scheduler, by cause (thrashing, work_conserving, tier_swap, overdue, kv_exhausted, retracted, yielded); they sum to agentd:program_pauses_total.",
         get: Get::Series {
             model: true,
             get: |m| m.pause_causes.iter().map(|&(k, n)| (format!("cause=\"{}\"", escape(k)), n as f64)).collect(),
