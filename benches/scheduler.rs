@@ -31,7 +31,7 @@ fn context(i: u64) -> Vec<u32> {
 fn populate(policy: &mut dyn Policy, kv: &mut [KvCache]) -> f64 {
     let contexts: Vec<Vec<u32>> = (0..PROGRAMS).map(context).collect();
     for (i, c) in contexts.iter().enumerate() {
-        policy.on_request(ProgramId(i as u64), 0.0, c.len());
+        policy.on_request(ProgramId(i as u64), 0.0, c.len(), &Replicas(kv, &[]));
     }
     let mut now = 0.0;
     for round in 0..50 {

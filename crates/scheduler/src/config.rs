@@ -171,12 +171,31 @@ pub struct SchedulerConfig {
     /// against the request policy's 2681.2); placement-aware swapping is
     /// not built.
     pub swap_for_waiting: bool,
-    /// Returning residents yield to the queue: a program still resident
-    /// when its tool returns, while the program longest queued does not
-    /// fit its replica, is paused there (blocks cached, evictable) and
-    /// queued like the rest (`Route::Yield`), instead of starting at once
-    /// ahead of programs that waited longer. The request policy's FCFS
-    /// does the same by construction.
+    /// Returning residents yield to an overdue queue: a program still
+    /// resident when its tool returns, while the program queued longest is
+    /// overdue (a median turn), fits no replica and the host tier keeps
+    /// what the yielder parks, is paused there (blocks cached, evictable)
+    /// and queued like the rest (`Route::Yield`, the rule in
+    /// `program_policy.rs::yields`) instead of starting at once ahead of
+    /// programs that waited longer. The request policy's FCFS does the
+    /// same by construction. Off by default; measured (AMD EPYC, avx512):
+    /// * the CPU long cell, GQA-1, 48 programs, against the default:
+    ///   1.01x, p99 55.1 vs 57.4 s, no request started ahead of the queue
+    ///   against 5-17 of ~200 (benches/results/pair-gqa1-long-48-yield-
+    ///   overdue); the first rule (no overdue condition) against the
+    ///   request policy: 0.99x, p99 55.3 vs 55.4 s, where the default read
+    ///   1.11-1.12x request's p99 (pair-gqa1-long-48-yield-request);
+    /// * 16 programs (swe and long cells): no program is overdue, no yield,
+    ///   the same decisions (pair-swe-16-yield, pair-long-16-yield-overdue);
+    /// * `agentd simulate`, H100, 3.46M-token tier, off -> on: swe 96 the
+    ///   same, 192 272.4 -> 272.8 steps/min with p99 208.8 -> 194.4 s;
+    ///   toolorch 96 / 192 the same within 0.2%; bimodal 96 the same, 192
+    ///   260.8 -> 262.3 with p99 **136.6 -> 189.3 s** (a yielded long
+    ///   context waits behind shorter ones in the shortest-first queue);
+    ///   768 programs on 8 replicas 2574.4 -> 2562.0, kv imbalance 0.11 ->
+    ///   0.18. Not better everywhere, so not the default; a yielder that
+    ///   kept its place by return time (not by context) is the next thing
+    ///   to try.
     pub yield_to_queue: bool,
 }
 

@@ -301,13 +301,19 @@ impl ProgramScheduler {
     }
 
     /// Whether `p`, resident on `l` and back from its tool with its turn's
-    /// first request, yields to the queue (`SchedulerConfig::yield_to_queue`):
-    /// the program queued longest fits no replica now (this request's
-    /// prompt already counted in `l`'s demand), so `p` starting at once
-    /// would take room, and compute, ahead of it; and `l`'s host tier keeps
-    /// what `p` parks, as rotation's gate asks (`rotation.rs`): without
-    /// that gate, `agentd simulate` swe at 192 programs (H100, 3.46M-token
-    /// tier) recomputed 2.9M tokens and fell 272.4 -> 219.3 steps/min.
+    /// first request, yields to the queue (`SchedulerConfig::yield_to_queue`).
+    /// Rotation's rules (`rotation.rs`) applied when a tool returns:
+    /// * the program queued longest is overdue under the measured waiting
+    ///   bound (queued a median turn; no bound, no yield). Yielding to any
+    ///   queued program cost the CPU long cell at 16 programs, where the
+    ///   queue is only momentary, 0.97x with p99 1.06x
+    ///   (benches/results/pair-long-16-yield-any);
+    /// * it fits no replica now (this request's prompt already counted in
+    ///   `l`'s demand), so `p` starting at once would take room, and
+    ///   compute, ahead of it;
+    /// * `l`'s host tier keeps what `p` parks: without that gate `agentd
+    ///   simulate` swe at 192 programs (H100, 3.46M-token tier) recomputed
+    ///   2.9M tokens and fell 272.4 -> 219.3 steps/min.
     fn yields(&mut self, p: ProgramId, l: usize, now: f64, mem: &dyn Memory) -> bool {
         if !self.cfg.yield_to_queue
             || self.programs.get(&p).is_none_or(|q| q.in_flight != 1)
@@ -318,6 +324,14 @@ impl ProgramScheduler {
         let Some(oldest) = self.queue.by_arrival().find(|q| *q != p) else {
             return false;
         };
+        let bound = self.wait_bound(mem).after_s;
+        if self
+            .queue
+            .enqueued_at(oldest)
+            .is_none_or(|t| now - t < bound)
+        {
+            return false;
+        }
         let (need, _) = self.need(oldest, now, mem);
         let fits = |r: usize, d: f64| d + need <= self.cfg.lambda_min * mem.capacity(r) as f64;
         debug_assert!(self.active.get(l).is_some_and(|a| a.contains(&p)));

@@ -292,17 +292,20 @@ fn bounded_bypass_prevents_starvation_without_aging() {
 }
 
 /// `yield_to_queue`: a resident program whose tool returns while the
-/// program queued longest fits nowhere takes its place in the queue (its
-/// blocks stay cached and match again on restore) instead of starting
-/// ahead of it; with room for that program, with the option off, or
-/// without a host tier to keep what it parks, it starts at once.
+/// program queued longest is overdue and fits nowhere takes its place in
+/// the queue (its blocks stay cached and match again on restore) instead
+/// of starting ahead of it; before that program is overdue, with room for
+/// it, with the option off, or without a host tier to keep what it parks,
+/// it starts at once.
 #[test]
 fn a_returning_resident_yields_to_a_queued_program_that_has_no_room() {
     let setup_with_tier = |yield_to_queue: bool, tier: usize| {
-        // No swapping for room: program 3 waits for it.
+        // No swapping for room: program 3 waits for it. A queued program
+        // is overdue after 1 s (the hard bound; by default a median turn).
         let cfg = SchedulerConfig {
             yield_to_queue,
             swap_for_waiting: false,
+            max_wait_s: 1.0,
             ..config(0.9, 1.0)
         };
         let mut eng = Engine::program(cfg, 1, 100).with_host_tier(tier);
@@ -313,16 +316,21 @@ fn a_returning_resident_yields_to_a_queued_program_that_has_no_room() {
         // Program 1 calls a tool and stays resident (D = 44 + 45 = 89);
         // program 3 (31 blocks with its reserve) has no room.
         assert!(!eng.finish(pid(1)));
+        eng.now = 0.5;
         eng.request(pid(3), 30 * BS);
-        eng.now = 1.0;
         assert!(eng.step(0).admit.is_empty(), "no room for program 3");
         eng
     };
     let setup = |yield_to_queue: bool| setup_with_tier(yield_to_queue, 200);
 
+    // Program 3 has waited 0.5 s, under the bound: program 1 starts.
+    let mut early = setup(true);
+    early.now = 1.0;
+    assert_eq!(early.request(pid(1), 2 * BS), Route::Run { replica: 0 });
+
     let mut eng = setup(true);
     eng.now = 2.0;
-    // Its tool returns: program 3, queued longer, fits nowhere.
+    // Its tool returns: program 3, queued 1.5 s, fits nowhere.
     assert_eq!(eng.request(pid(1), 2 * BS), Route::Queued);
     assert!(!eng.is_running(pid(1)));
     assert_eq!(eng.stats().pauses.of(PauseCause::Yielded), 1);
