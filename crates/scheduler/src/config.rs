@@ -190,12 +190,12 @@ pub struct SchedulerConfig {
     /// * `agentd simulate`, H100, 3.46M-token tier, off -> on: swe 96 the
     ///   same, 192 272.4 -> 272.8 steps/min with p99 208.8 -> 194.4 s;
     ///   toolorch 96 / 192 the same within 0.2%; bimodal 96 the same, 192
-    ///   260.8 -> 262.3 with p99 **136.6 -> 189.3 s** (a yielded long
-    ///   context waits behind shorter ones in the shortest-first queue);
-    ///   768 programs on 8 replicas 2574.4 -> 2562.0, kv imbalance 0.11 ->
-    ///   0.18. Not better everywhere, so not the default; a yielder that
-    ///   kept its place by return time (not by context) is the next thing
-    ///   to try.
+    ///   260.8 -> 262.3 with p99 **136.6 -> 189.3 s**; 768 programs on 8
+    ///   replicas 2574.4 -> 2562.0, kv imbalance 0.11 -> 0.18. Not better
+    ///   everywhere, so not the default. The bimodal tail is not the
+    ///   yielder's place in the shortest-first queue: queued ahead of every
+    ///   program not overdue (a zero-length key) it read the same 189.3 s.
+    ///   Why, is still to be found.
     pub yield_to_queue: bool,
 }
 
