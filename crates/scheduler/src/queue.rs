@@ -107,20 +107,20 @@ impl WaitingQueue {
         }
     }
 
+    /// Every queued program, oldest first.
+    pub fn by_arrival(&self) -> impl Iterator<Item = ProgramId> + '_ {
+        self.fifo.iter().map(|&(_, p)| p)
+    }
+
     /// Programs queued at or before `t`, or passed over by at least
     /// `bypass` admissions, oldest first (both are prefixes of the arrival
     /// order).
     pub fn overdue(&self, t: f64, bypass: u64) -> impl Iterator<Item = ProgramId> + '_ {
-        self.fifo.iter().map(|&(_, p)| p).take_while(move |p| {
+        self.by_arrival().take_while(move |p| {
             self.enqueued_at
                 .get(p)
                 .is_some_and(|&(at, adm)| at <= t || self.admitted.saturating_sub(adm) >= bypass)
         })
-    }
-
-    /// Every queued program, oldest first.
-    pub fn by_arrival(&self) -> impl Iterator<Item = ProgramId> + '_ {
-        self.fifo.iter().map(|&(_, p)| p)
     }
 
     /// When `p` was queued.
