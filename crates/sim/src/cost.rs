@@ -16,8 +16,16 @@
 //!   token (36 layers × 8 KV heads × 128 dims × 2 (K,V) × 1 byte) at 3.35 TB/s
 //!   ≈ 22 ns per context token.
 //! * `copy_token_s` — moving one token's 72 KiB between HBM and the host
-//!   tier over PCIe Gen5 x16 at ~25 GB/s effective ≈ 3 ns; the engine's copies
-//!   run before the forward, so they add to the step.
+//!   tier over PCIe Gen5 x16 at ~25 GB/s effective ≈ 3 µs (73,728 B /
+//!   25 GB/s); the engine's copies run before the forward, so they add to
+//!   the step. Until 2026-12-07 this read 3 ns, a thousandth of the copy:
+//!   simulator figures with a host tier cited before then (in `config.rs`,
+//!   `rotation.rs`, docs/design.md) counted copies as free. Corrected, the
+//!   copies cost the swe workload at 96 programs with a 3.46M-token tier
+//!   ~18% of its steps/min (331.9 -> 270.8, H100 costs), and the program
+//!   policy's lead over the request policy at 192 programs shrinks from
+//!   1.23x to 1.03x (the request policy copied more but recomputed more
+//!   too, which the old constant priced alone).
 //! * `per_logits_s` — per sequence that samples: the LM head row's softmax
 //!   and the sampler over a 151,936-token vocabulary. On the GPU it hides
 //!   in the step (0 here); on the CPU it is most of a decode row's cost.
@@ -46,7 +54,7 @@ impl Default for StepCost {
             per_token_s: 25.0e-6,
             attn_pair_s: 1.5e-9,
             kv_read_s: 22.0e-9,
-            copy_token_s: 3.0e-9,
+            copy_token_s: 3.0e-6,
             per_logits_s: 0.0,
         }
     }
@@ -231,6 +239,16 @@ mod tests {
         }
         assert_eq!("cpu-avx2".parse::<CostPreset>(), Ok(CostPreset::CpuAvx2));
         assert!("tpu".parse::<CostPreset>().is_err());
+    }
+
+    /// The H100 copy constant is one token's FP8 KV over PCIe at ~25 GB/s
+    /// (it once read 3 ns, a thousandth of that).
+    #[test]
+    fn h100_copy_is_a_token_of_kv_over_pcie() {
+        let token_bytes = 36.0 * 8.0 * 128.0 * 2.0;
+        let want = token_bytes / 25.0e9;
+        let got = StepCost::default().copy_token_s;
+        assert!((got / want - 1.0).abs() < 0.05, "{got} vs {want}");
     }
 
     #[test]
