@@ -60,6 +60,11 @@ pub struct SchedulerArgs {
     /// contexts rotated out. No effect without a tier; `inf` turns it off.
     #[arg(long, default_value_t = DEFAULTS.rotate_after_turns)]
     pub rotate_after_turns: f64,
+    /// Past the tier: a program queued this many median turn times rotates
+    /// out acting programs even when the host tier cannot keep them; their
+    /// contexts are recomputed on return. `inf` turns it off.
+    #[arg(long, default_value_t = DEFAULTS.recompute_after_turns)]
+    pub recompute_after_turns: f64,
     /// How long a group announced with a size (`n` choices, `group_size`)
     /// waits for its missing members before it is admitted without them.
     #[arg(long, default_value_t = DEFAULTS.group_gather_s)]
@@ -107,6 +112,7 @@ impl SchedulerArgs {
             max_bypass: self.max_bypass,
             max_wait_s: self.max_wait_s,
             rotate_after_turns: self.rotate_after_turns,
+            recompute_after_turns: self.recompute_after_turns,
             group_gather_s: self.group_gather_s,
             tool_decay_base: self.tool_decay_base,
             prefill_share: self.prefill_share,

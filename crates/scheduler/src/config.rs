@@ -109,6 +109,22 @@ pub struct SchedulerConfig {
     /// CPU swe bench at 96 programs 747 steps/min (p99/p50 1.35) against 730
     /// (1.86).
     pub rotate_after_turns: f64,
+    /// Past the tier (`rotation.rs`): a program queued this many median
+    /// turn times may rotate out acting programs resident as long even
+    /// when the host tier cannot keep their contexts; those are parked for
+    /// recompute (their blocks dropped when evicted), not swapped, so the
+    /// tier keeps the contexts due back sooner. Without it, once the tier
+    /// is full a queued program waits for residents to end their programs
+    /// (30-135 turns). `agentd simulate` (H100 costs, 3.46M-token tier,
+    /// 900 s, seeds 1 / 2), off -> 12 turns: bimodal at 192 programs
+    /// 231.0 / 232.1 -> 232.4 / 229.7 steps/min, p99/p50 4.47 / 4.22 ->
+    /// 2.98 / 2.87; swe at 192 234.6 / 235.4 -> 234.2 / 235.4, p99/p50
+    /// 3.59 / 3.64 -> 2.93 / 3.08. Fewer turns cut the tail further and
+    /// recompute more (8: bimodal 229.6 / 231.0, p99/p50 2.66 / 2.80; swe
+    /// 230.9 / 231.6, 2.46 / 2.45; 1: bimodal 222.3, 1.81); at 96 programs
+    /// and on toolorch the tier never fills and nothing changes. Infinity
+    /// turns it off.
+    pub recompute_after_turns: f64,
     /// How long a group announced with a size waits for its missing members
     /// before it is admitted with those that arrived (seconds).
     pub group_gather_s: f64,
@@ -195,7 +211,12 @@ pub struct SchedulerConfig {
     ///   everywhere, so not the default. The bimodal tail is not the
     ///   yielder's place in the shortest-first queue: queued ahead of every
     ///   program not overdue (a zero-length key) it read the same 189.3 s.
-    ///   Why, is still to be found.
+    ///   (These figures priced tier copies at 3 ns a token, `agentd-sim`
+    ///   `cost.rs`.) The tail was a convoy behind a full tier, which
+    ///   `recompute_after_turns` now breaks: seeds 1-6 read p99 131-202 s
+    ///   with this option off too. With copies at 3 µs and that default,
+    ///   bimodal at 192 reads p99/p50 2.98 / 2.87 off and 2.80 / 2.66 on
+    ///   (seeds 1 / 2) at 0.6 / 1.2% fewer steps/min on; swe the same.
     pub yield_to_queue: bool,
 }
 
@@ -252,6 +273,7 @@ impl SchedulerConfig {
         max_bypass: 16,
         max_wait_s: f64::INFINITY,
         rotate_after_turns: 1.0,
+        recompute_after_turns: 12.0,
         group_gather_s: 0.05,
         tool_decay_base: 1.0,
         prefill_share: 1.0,
@@ -288,11 +310,13 @@ impl SchedulerConfig {
             || self.max_wait_s <= 0.0
             || self.rotate_after_turns.is_nan()
             || self.rotate_after_turns <= 0.0
+            || self.recompute_after_turns.is_nan()
+            || self.recompute_after_turns <= 0.0
             || self.group_gather_s < 0.0
             || self.idle_reclaim_after_s < 0.0
         {
             return Err(
-                "max_wait_s and rotate_after_turns must be > 0, group_gather_s and idle_reclaim_after_s >= 0"
+                "max_wait_s, rotate_after_turns and recompute_after_turns must be > 0, group_gather_s and idle_reclaim_after_s >= 0"
                     .into(),
             );
         }

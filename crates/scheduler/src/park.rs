@@ -109,14 +109,21 @@ impl ProgramScheduler {
         }
     }
 
-    /// Swap or recompute for `p`, about to be paused on `l`, counted and
-    /// recorded on its record (the core reads it when it drops the
-    /// program's references).
-    pub(crate) fn choose_park(&mut self, l: usize, p: ProgramId, mem: &dyn Memory) {
+    /// Swap or recompute for `p`, about to be paused on `l` (`forced`, when
+    /// the caller decided: rotation past the tier), counted and recorded
+    /// on its record (the core reads it when it drops the program's
+    /// references).
+    pub(crate) fn choose_park(
+        &mut self,
+        l: usize,
+        p: ProgramId,
+        mem: &dyn Memory,
+        forced: Option<Park>,
+    ) {
         let Some(prog) = self.programs.get(&p) else {
             return;
         };
-        let (park, _) = self.price(l, prog, mem.blocks_held(l, p), mem);
+        let park = forced.unwrap_or_else(|| self.price(l, prog, mem.blocks_held(l, p), mem).0);
         self.stats.parks.add(park);
         if let Some(prog) = self.programs.get_mut(&p) {
             prog.park = Some(park);

@@ -174,12 +174,24 @@ impl ProgramScheduler {
 
     /// Marks `p` paused; a reasoning program's request goes back to the queue.
     pub(crate) fn mark_paused(&mut self, p: ProgramId, now: f64, mem: &dyn Memory) {
+        self.mark_paused_as(p, now, mem, None);
+    }
+
+    /// [`Self::mark_paused`], its KV's fate `park` when given (else priced,
+    /// `park.rs`).
+    pub(crate) fn mark_paused_as(
+        &mut self,
+        p: ProgramId,
+        now: f64,
+        mem: &dyn Memory,
+        park: Option<Park>,
+    ) {
         let Some(l) = self.programs.get(&p).and_then(|q| q.replica) else {
             return;
         };
         // Before it leaves the active set: its blocks are still counted
         // held, and it is not yet among the contexts parked on `l`.
-        self.choose_park(l, p, mem);
+        self.choose_park(l, p, mem, park);
         self.active[l].remove(&p);
         // The context grew by decoding since the request arrived.
         let held_tokens = mem.blocks_held(l, p) * mem.block_size();

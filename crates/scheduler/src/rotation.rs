@@ -29,6 +29,18 @@
 //!   a bound of 2 median turns 138.8 / 138.3, p99 132.6 / 294.5 s; 4 turns
 //!   189.9 / 167.8, 131.2 / 327.3 s; 8 turns 231.3 / 208.2, 148.2 / 364.4 s).
 //!
+//! * **Past the tier, only a long wait rotates, by recompute.** Once the
+//!   tier is full a queued program would wait for residents to end their
+//!   programs (30-135 turns of swe): at 192 swe or bimodal programs with a
+//!   3.46M-token tier the p99 turn was 3.6-4.5x the median, a convoy of
+//!   long contexts restored together after 140-200 s. A program queued
+//!   `recompute_after_turns` (default 12) median turns rotates acting
+//!   residents out anyway, parked for recompute: a context just rotated
+//!   out is the one due back last, so its blocks are the ones to drop
+//!   (Belady), and the tier keeps those due back sooner. Twelve turns cut
+//!   p99/p50 to 2.9-3.1 at the same steps/min (`config.rs` has the
+//!   figures); one turn cut it to 1.8 at 4% fewer steps/min.
+//!
 //! An explicit `max_wait_s` is the user's hard bound: it rotates whatever
 //! the tier holds (`admit.rs` states its guarantee).
 
@@ -53,6 +65,10 @@ pub(crate) struct WaitBound {
     /// The bound is the measured one (`rotate_after_turns`): rotation
     /// pauses acting programs only, within the host tier's room.
     pub gated: bool,
+    /// Queued this long, a program may rotate acting programs out past
+    /// the tier's room, for recompute (`recompute_after_turns`; infinite
+    /// when off, without a tier or under `max_wait_s`).
+    pub recompute_after_s: f64,
 }
 
 impl ProgramScheduler {
@@ -63,18 +79,19 @@ impl ProgramScheduler {
             return WaitBound {
                 after_s: self.cfg.max_wait_s,
                 gated: false,
+                recompute_after_s: f64::INFINITY,
             };
         }
         let tier = (0..mem.num_replicas()).any(|r| mem.host_capacity(r) > 0);
-        let after_s = match self.turns.median() {
-            Some(m) if tier && self.cfg.rotate_after_turns.is_finite() => {
-                (self.cfg.rotate_after_turns * m).max(MIN_BOUND_S)
-            }
+        let turns = |k: f64| match self.turns.median() {
+            Some(m) if tier && k.is_finite() => (k * m).max(MIN_BOUND_S),
             _ => f64::INFINITY,
         };
+        let after_s = turns(self.cfg.rotate_after_turns);
         WaitBound {
             after_s,
             gated: true,
+            recompute_after_s: turns(self.cfg.recompute_after_turns).max(after_s),
         }
     }
 

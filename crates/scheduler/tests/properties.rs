@@ -85,7 +85,13 @@ fn setup() -> impl Strategy<Value = Setup> {
         prop_oneof![Just(0usize), 8usize..96],
         // The measured bound (a short one, so that short sequences reach
         // it), or the hard one.
-        prop_oneof![Just((f64::INFINITY, 0.5)), Just((1.0, 1.0))],
+        // Under the measured bound, rotation past the tier after two of
+        // its bounds, or never.
+        prop_oneof![
+            Just((f64::INFINITY, 0.5, 1.0)),
+            Just((f64::INFINITY, 0.5, f64::INFINITY)),
+            Just((1.0, 1.0, f64::INFINITY))
+        ],
         (any::<bool>(), any::<bool>()),
     )
         .prop_map(
@@ -97,12 +103,13 @@ fn setup() -> impl Strategy<Value = Setup> {
                 best_fit,
                 reserve,
                 host,
-                (wait, turns),
+                (wait, turns, past),
                 (swap, yield_to_queue),
             )| {
                 let cfg = SchedulerConfig {
                     max_wait_s: wait,
                     rotate_after_turns: turns,
+                    recompute_after_turns: past,
                     swap_for_waiting: swap,
                     yield_to_queue,
                     decay_base: decay,
@@ -325,6 +332,8 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
     let (mut pauses, mut restores, mut exhausted, mut expired, mut moved) = (0, 0, 0, 0, 0);
     // Rotations under the measured bound (with a tier) and the hard one.
     let (mut measured, mut hard, mut swapped, mut yielded) = (0, 0, 0, 0);
+    // Rotations past the tier (parked for recompute).
+    let mut past = 0;
     for _ in 0..1024 {
         let (s, evs) = strategy.new_tree(&mut runner).unwrap().current();
         let eng = run_program(&s, &evs).unwrap();
@@ -339,6 +348,9 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
             hard += by_cause.of(PauseCause::Overdue);
         } else {
             measured += by_cause.of(PauseCause::Overdue);
+            if s.cfg.recompute_after_turns.is_finite() && s.host > 0 {
+                past += st.parks.of(agentd_scheduler::Park::Recompute);
+            }
         }
         for l in &eng.log {
             match l {
@@ -362,8 +374,8 @@ fn random_events_exercise_pauses_restores_exhaustion_and_expiry() {
     // sequences run in under a second), so this only shows that the path
     // runs under the invariant checks.
     assert!(
-        measured >= 1 && hard >= 10 && swapped >= 10 && yielded >= 10,
-        "rotations: measured bound {measured}, hard bound {hard}; tier swaps {swapped}; \
-         yields {yielded}"
+        measured >= 1 && hard >= 10 && swapped >= 10 && yielded >= 10 && past >= 1,
+        "rotations: measured bound {measured}, hard bound {hard}, past the tier {past}; \
+         tier swaps {swapped}; yields {yielded}"
     );
 }

@@ -1,13 +1,14 @@
 //! The measured waiting bound (`rotation.rs`, issue 12) on the real
 //! `ProgramScheduler` over real `KvCache`s with a host tier: its period is
 //! `rotate_after_turns` median turn times, it rotates out acting programs
-//! only (a turn is never cut), only while the host tier keeps what it parks,
+//! only (a turn is never cut), only while the host tier keeps what it parks
+//! (past that, after `recompute_after_turns` median turns, for recompute),
 //! and not at all without a tier.
 
 mod common;
 
-use agentd_scheduler::{Decision, PauseCause, Policy, ProgramScheduler, SchedulerConfig};
-use common::{back_from_the_tier, config, ids, pid, Engine, BS};
+use agentd_scheduler::{Decision, Park, PauseCause, Policy, ProgramScheduler, SchedulerConfig};
+use common::{back_from_the_tier, config, ids, info, pid, Engine, BS};
 
 type Eng = Engine<ProgramScheduler>;
 
@@ -43,7 +44,14 @@ fn one_second_turns(eng: &mut Eng) {
 /// decisions at `t0 + 2` (3 is overdue, 1 and 2 are reasoning) and right
 /// after program 1 finishes its turn there.
 fn overdue_behind_two(host_slots: Option<usize>) -> (Eng, Decision, Decision) {
-    let mut eng = Engine::program(two_turns(), 1, 110);
+    overdue_behind_two_with(two_turns(), host_slots)
+}
+
+fn overdue_behind_two_with(
+    cfg: SchedulerConfig,
+    host_slots: Option<usize>,
+) -> (Eng, Decision, Decision) {
+    let mut eng = Engine::program(cfg, 1, 110);
     if let Some(slots) = host_slots {
         eng = eng.with_host_tier(slots);
     }
@@ -84,6 +92,40 @@ fn rotation_stops_where_the_tier_could_not_keep_the_context() {
     let (eng, reasoning, acting) = overdue_behind_two(Some(40));
     assert!(reasoning.is_empty() && acting.is_empty(), "{acting:?}");
     assert_eq!(eng.policy.num_waiting(), 1);
+}
+
+/// The tier is full (as above); program 3 keeps waiting until it has queued
+/// `recompute_after_turns` (4 here) median turns, then rotates 1 out for
+/// recompute: 1's blocks are dropped, not parked in the tier, and its next
+/// turn recomputes what 3's admission evicted.
+#[test]
+fn past_the_tier_a_long_wait_rotates_for_recompute() {
+    let cfg = SchedulerConfig {
+        recompute_after_turns: 4.0,
+        ..two_turns()
+    };
+    let (mut eng, reasoning, acting) = overdue_behind_two_with(cfg, Some(40));
+    assert!(reasoning.is_empty() && acting.is_empty(), "{acting:?}");
+    let t0 = eng.now - 2.0;
+    eng.now = t0 + 3.5;
+    assert!(eng.step(0).is_empty(), "3 queued 3.5 turns only");
+    eng.now = t0 + 4.0;
+    let d = eng.step(0);
+    assert_eq!(ids(&d.paused()), vec![1], "{d:?}");
+    assert_eq!(d.admit, vec![(pid(3), 0)]);
+    assert_eq!(info(&eng, 1).park, Some(Park::Recompute));
+    assert_eq!(eng.policy.stats().parks.of(Park::Recompute), 1);
+    assert_eq!(eng.stats().pauses.of(PauseCause::Overdue), 1);
+    eng.check_kv();
+    // 1 comes back once 3 is overdue to leave; 3 is parked in the tier
+    // (30 blocks fit it), 1 recomputes the blocks 3's admission evicted.
+    eng.request(pid(1), BS);
+    eng.finish(pid(3));
+    eng.now += 2.0;
+    let back = eng.step(0);
+    assert_eq!(back.admit, vec![(pid(1), 0)], "{back:?}");
+    assert!(eng.last_match[&pid(1)].cached_tokens < 44 * BS);
+    eng.check_kv();
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use super::Room;
 use crate::program::Program;
-use crate::{Decision, Memory, PauseCause, Phase, ProgramId, ProgramScheduler};
+use crate::{Decision, Memory, Park, PauseCause, Phase, ProgramId, ProgramScheduler};
 use tracing::debug;
 
 impl ProgramScheduler {
@@ -92,7 +92,12 @@ impl ProgramScheduler {
         let mut kept = Vec::new();
         let chosen = self.choose_victims(ask, now, mem, room, out, &mut kept);
         self.note_kept(&kept);
-        let Some((victims, freed)) = chosen else {
+        let Some(Chosen {
+            victims,
+            freed,
+            park,
+        }) = chosen
+        else {
             room.note_failed(ask.victims, ask.need, grouped);
             return None;
         };
@@ -106,7 +111,7 @@ impl ProgramScheduler {
             {
                 room.running[l] = room.running[l].saturating_sub(1);
             }
-            self.mark_paused(q, now, mem);
+            self.mark_paused_as(q, now, mem, park);
             let cause = match ask.victims {
                 Victims::Acting => PauseCause::WorkConserving,
                 Victims::ActingToTier => PauseCause::TierSwap,
@@ -126,8 +131,10 @@ impl ProgramScheduler {
     /// prefix of the eligible programs' pause order that makes room — with
     /// the blocks they free; `None` when no prefix does (or, under the
     /// measured waiting bound, when the host tier would not keep what they
-    /// park). Acting programs cheaper to keep than to pause (`park.rs`)
-    /// are never victims: they are added to `kept`.
+    /// park and the unit has not waited `recompute_after_s`: then they are
+    /// parked for recompute, `rotation.rs`). Acting programs cheaper to
+    /// keep than to pause (`park.rs`) are never victims: they are added to
+    /// `kept`.
     fn choose_victims(
         &self,
         ask: &Ask<'_>,
@@ -136,7 +143,7 @@ impl ProgramScheduler {
         room: &mut Room,
         out: &Decision,
         kept: &mut Vec<ProgramId>,
-    ) -> Option<(Vec<ProgramId>, f64)> {
+    ) -> Option<Chosen> {
         let (l, need) = (ask.l, ask.need);
         let unit_group = ask
             .unit
@@ -189,16 +196,41 @@ impl ProgramScheduler {
             Victims::ActingToTier => true,
             Victims::Resident => room.wait.gated,
         };
+        let mut park = None;
         if gated {
             let parked = *room.parked[l].get_or_insert_with(|| self.parked_blocks(l, mem));
             let parks = chosen.iter().map(|v| v.0);
-            if !self.tier_keeps(l, parked, parks, ask.unit, mem) {
+            if self.tier_keeps(l, parked, parks, ask.unit, mem) {
+                room.parked[l] = None;
+            } else if self.past_the_tier(ask, now, room) {
+                // Parked for recompute: the parked blocks do not change.
+                park = Some(Park::Recompute);
+            } else {
                 return None;
             }
-            room.parked[l] = None;
         }
-        Some((chosen.iter().map(|v| v.0).collect(), freed))
+        Some(Chosen {
+            victims: chosen.iter().map(|v| v.0).collect(),
+            freed,
+            park,
+        })
     }
+
+    /// Whether the unit `ask` makes room for has waited long enough to
+    /// rotate residents out past the tier's room (`rotation.rs`).
+    fn past_the_tier(&self, ask: &Ask<'_>, now: f64, room: &Room) -> bool {
+        let queued_at = ask.unit.first().and_then(|u| self.queue.enqueued_at(*u));
+        ask.victims == Victims::Resident
+            && queued_at.is_some_and(|t| now - t >= room.wait.recompute_after_s)
+    }
+}
+
+/// What [`ProgramScheduler::choose_victims`] picked: the programs to pause,
+/// the blocks that frees, and their KV's fate when the choice fixes it.
+struct Chosen {
+    victims: Vec<ProgramId>,
+    freed: f64,
+    park: Option<Park>,
 }
 
 /// What [`ProgramScheduler::make_room`] makes room for: a unit needing
