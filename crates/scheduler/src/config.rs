@@ -115,15 +115,17 @@ pub struct SchedulerConfig {
     /// recompute (their blocks dropped when evicted), not swapped, so the
     /// tier keeps the contexts due back sooner. Without it, once the tier
     /// is full a queued program waits for residents to end their programs
-    /// (30-135 turns). `agentd simulate` (H100 costs, 3.46M-token tier,
-    /// 900 s, seeds 1 / 2), off -> 12 turns: bimodal at 192 programs
-    /// 231.0 / 232.1 -> 232.4 / 229.7 steps/min, p99/p50 4.47 / 4.22 ->
-    /// 2.98 / 2.87; swe at 192 234.6 / 235.4 -> 234.2 / 235.4, p99/p50
-    /// 3.59 / 3.64 -> 2.93 / 3.08. Fewer turns cut the tail further and
-    /// recompute more (8: bimodal 229.6 / 231.0, p99/p50 2.66 / 2.80; swe
-    /// 230.9 / 231.6, 2.46 / 2.45; 1: bimodal 222.3, 1.81); at 96 programs
-    /// and on toolorch the tier never fills and nothing changes. Infinity
-    /// turns it off.
+    /// (30-135 turns). `agentd simulate` (H100 costs, copies beside the
+    /// forward, 3.46M-token tier, 900 s, seeds 1 / 2), off -> 8 turns:
+    /// bimodal at 192 programs 244.3 / 245.3 -> 243.4 / 243.7 steps/min,
+    /// p99/p50 7.15 / 7.20 -> 3.01 / 3.02; swe at 192 244.2 / 254.0 ->
+    /// 240.5 / 238.9, p99/p50 3.83 / 4.08 -> 3.18 / 3.09 (the request
+    /// policy: swe 217.1 / 215.3 at 3.32 / 3.46, bimodal 239.6 / 236.7 at
+    /// 2.08 / 2.22). 12 turns left p99/p50 at 3.5-3.8, 16 at 3.6-4.2; 6
+    /// and 4 cut it to 2.6-2.8 and 2.2-2.4 for 2-3% and 4-6% of the
+    /// steps/min. At 96 programs, on toolorch, at 768 programs on 8
+    /// replicas and in the CPU shape the tier never fills and nothing
+    /// changes (benches/results/sim-past-the-tier). Infinity turns it off.
     pub recompute_after_turns: f64,
     /// How long a group announced with a size waits for its missing members
     /// before it is admitted with those that arrived (seconds).
@@ -214,9 +216,11 @@ pub struct SchedulerConfig {
     ///   (These figures priced tier copies at 3 ns a token, `agentd-sim`
     ///   `cost.rs`.) The tail was a convoy behind a full tier, which
     ///   `recompute_after_turns` now breaks: seeds 1-6 read p99 131-202 s
-    ///   with this option off too. With copies at 3 µs and that default,
-    ///   bimodal at 192 reads p99/p50 2.98 / 2.87 off and 2.80 / 2.66 on
-    ///   (seeds 1 / 2) at 0.6 / 1.2% fewer steps/min on; swe the same.
+    ///   with this option off too. With copies priced right (3 µs a token,
+    ///   beside the forward) and that default, at 192 programs (seeds 1 /
+    ///   2) bimodal reads 243.4 / 243.7 steps/min at p99/p50 3.01 / 3.02
+    ///   off and 242.2 / 242.7 at 2.92 / 3.40 on; swe 240.5 / 238.9 at
+    ///   3.18 / 3.09 off and 238.7 / 238.9 at 3.02 / 3.09 on. No gain.
     pub yield_to_queue: bool,
 }
 
@@ -273,7 +277,7 @@ impl SchedulerConfig {
         max_bypass: 16,
         max_wait_s: f64::INFINITY,
         rotate_after_turns: 1.0,
-        recompute_after_turns: 12.0,
+        recompute_after_turns: 8.0,
         group_gather_s: 0.05,
         tool_decay_base: 1.0,
         prefill_share: 1.0,

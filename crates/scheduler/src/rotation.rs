@@ -32,14 +32,14 @@
 //! * **Past the tier, only a long wait rotates, by recompute.** Once the
 //!   tier is full a queued program would wait for residents to end their
 //!   programs (30-135 turns of swe): at 192 swe or bimodal programs with a
-//!   3.46M-token tier the p99 turn was 3.6-4.5x the median, a convoy of
-//!   long contexts restored together after 140-200 s. A program queued
-//!   `recompute_after_turns` (default 12) median turns rotates acting
+//!   3.46M-token tier the p99 turn was 3.8-7.2x the median, a convoy of
+//!   long contexts restored together after 140-220 s. A program queued
+//!   `recompute_after_turns` (default 8) median turns rotates acting
 //!   residents out anyway, parked for recompute: a context just rotated
 //!   out is the one due back last, so its blocks are the ones to drop
-//!   (Belady), and the tier keeps those due back sooner. Twelve turns cut
-//!   p99/p50 to 2.9-3.1 at the same steps/min (`config.rs` has the
-//!   figures); one turn cut it to 1.8 at 4% fewer steps/min.
+//!   (Belady), and the tier keeps those due back sooner. Eight turns cut
+//!   p99/p50 to 3.0-3.2 within 2% of the steps/min (`config.rs` has the
+//!   figures); four cut it to 2.2 at 4-6% fewer.
 //!
 //! An explicit `max_wait_s` is the user's hard bound: it rotates whatever
 //! the tier holds (`admit.rs` states its guarantee).

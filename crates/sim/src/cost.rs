@@ -17,8 +17,7 @@
 //!   ≈ 22 ns per context token.
 //! * `copy_token_s` — moving one token's 72 KiB between HBM and the host
 //!   tier over PCIe Gen5 x16 at ~25 GB/s effective ≈ 3 µs (73,728 B /
-//!   25 GB/s); the engine's copies run before the forward, so they add to
-//!   the step. Until 2026-12-07 this read 3 ns, a thousandth of the copy:
+//!   25 GB/s). Until 2026-12-07 this read 3 ns, a thousandth of the copy:
 //!   simulator figures with a host tier cited before then (in `config.rs`,
 //!   `rotation.rs`, docs/design.md) counted copies as free. Corrected, the
 //!   copies cost the swe workload at 96 programs with a 3.46M-token tier
@@ -26,6 +25,14 @@
 //!   policy's lead over the request policy at 192 programs shrinks from
 //!   1.23x to 1.03x (the request policy copied more but recomputed more
 //!   too, which the old constant priced alone).
+//! * `copy_layers` — the GPU tier copies on a stream of its own, layer by
+//!   layer, and a step's layer `l` waits for that layer's copies only
+//!   (`crates/cuda/src/tier.rs`): over `L` layers a step takes
+//!   `max(compute + copy/L, copy + compute/L)`, the first layer's copies
+//!   before the forward and the rest beside it. On the CPU the copy thread
+//!   shares the two cores with the forward (`tier_copy.rs`; beside against
+//!   before measured 0.93-1.12x, `benches/results/tier-copy-AMD-EPYC.md`),
+//!   so there the copies add to the step (`copy_layers` 0).
 //! * `per_logits_s` — per sequence that samples: the LM head row's softmax
 //!   and the sampler over a 151,936-token vocabulary. On the GPU it hides
 //!   in the step (0 here); on the CPU it is most of a decode row's cost.
@@ -45,6 +52,8 @@ pub struct StepCost {
     pub kv_read_s: f64,
     pub copy_token_s: f64,
     pub per_logits_s: f64,
+    /// Layers the copies pipeline over beside the forward; 0: they add.
+    pub copy_layers: usize,
 }
 
 impl Default for StepCost {
@@ -56,6 +65,7 @@ impl Default for StepCost {
             kv_read_s: 22.0e-9,
             copy_token_s: 3.0e-6,
             per_logits_s: 0.0,
+            copy_layers: 36,
         }
     }
 }
@@ -143,6 +153,7 @@ impl StepCost {
                 kv_read_s: 0.9e-6,
                 copy_token_s: 3.0e-6,
                 per_logits_s: 0.95e-3,
+                copy_layers: 0,
             }
         } else {
             Self {
@@ -152,6 +163,7 @@ impl StepCost {
                 kv_read_s: 0.6e-6,
                 copy_token_s: 3.0e-6,
                 per_logits_s: 1.55e-3,
+                copy_layers: 0,
             }
         }
     }
@@ -169,16 +181,22 @@ impl StepCost {
             kv_read_s: 1.06e-6,
             copy_token_s: 3.0e-6,
             per_logits_s: 1.55e-3,
+            copy_layers: 0,
         }
     }
 
     pub fn step_time(&self, s: &StepWork) -> f64 {
-        self.fixed_s
+        let compute = self.fixed_s
             + self.per_token_s * s.tokens as f64
             + self.attn_pair_s * s.prefill_pairs
             + self.kv_read_s * s.decode_context as f64
-            + self.copy_token_s * s.copied_tokens as f64
-            + self.per_logits_s * s.rows as f64
+            + self.per_logits_s * s.rows as f64;
+        let copy = self.copy_token_s * s.copied_tokens as f64;
+        if self.copy_layers == 0 {
+            return compute + copy;
+        }
+        let l = self.copy_layers as f64;
+        (compute + copy / l).max(copy + compute / l)
     }
 }
 
@@ -249,6 +267,27 @@ mod tests {
         let want = token_bytes / 25.0e9;
         let got = StepCost::default().copy_token_s;
         assert!((got / want - 1.0).abs() < 0.05, "{got} vs {want}");
+    }
+
+    /// GPU copies overlap the forward but for the first layer's; CPU
+    /// copies add to it.
+    #[test]
+    fn gpu_copies_run_beside_the_forward() {
+        let mut s = StepWork::default();
+        s.add_decode(1_000);
+        s.rows += 1;
+        let gpu = StepCost::default();
+        let compute = gpu.step_time(&s);
+        s.copied_tokens = 1_000;
+        let copy = gpu.copy_token_s * 1_000.0;
+        let beside = gpu.step_time(&s);
+        assert!(beside > compute && beside < compute + copy, "{beside}");
+        assert!((beside - (compute + copy / 36.0).max(copy + compute / 36.0)).abs() < 1e-12);
+        let cpu = StepCost::cpu(true);
+        let mut c = s;
+        c.copied_tokens = 0;
+        let cpu_compute = cpu.step_time(&c);
+        assert!((cpu.step_time(&s) - cpu_compute - cpu.copy_token_s * 1_000.0).abs() < 1e-12);
     }
 
     #[test]
