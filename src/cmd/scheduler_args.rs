@@ -65,6 +65,10 @@ pub struct SchedulerArgs {
     /// contexts are recomputed on return. `inf` turns it off.
     #[arg(long, default_value_t = DEFAULTS.recompute_after_turns)]
     pub recompute_after_turns: f64,
+    /// Rotation past the tier only where the contexts it drops recompute
+    /// within this share of a median turn (at the measured prefill rate).
+    #[arg(long, default_value_t = DEFAULTS.recompute_turn_share)]
+    pub recompute_turn_share: f64,
     /// How long a group announced with a size (`n` choices, `group_size`)
     /// waits for its missing members before it is admitted without them.
     #[arg(long, default_value_t = DEFAULTS.group_gather_s)]
@@ -113,6 +117,7 @@ impl SchedulerArgs {
             max_wait_s: self.max_wait_s,
             rotate_after_turns: self.rotate_after_turns,
             recompute_after_turns: self.recompute_after_turns,
+            recompute_turn_share: self.recompute_turn_share,
             group_gather_s: self.group_gather_s,
             tool_decay_base: self.tool_decay_base,
             prefill_share: self.prefill_share,

@@ -115,8 +115,9 @@ pub struct SchedulerConfig {
     /// recompute (their blocks dropped when evicted), not swapped, so the
     /// tier keeps the contexts due back sooner. Without it, once the tier
     /// is full a queued program waits for residents to end their programs
-    /// (30-135 turns). `agentd simulate` (H100 costs, copies beside the
-    /// forward, 3.46M-token tier, 900 s, seeds 1 / 2), off -> 8 turns:
+    /// (30-135 turns). Priced by `recompute_turn_share`. Unpriced, in
+    /// `agentd simulate` (H100 costs, copies beside the forward,
+    /// 3.46M-token tier, 900 s, seeds 1 / 2), off -> 8 turns:
     /// bimodal at 192 programs 244.3 / 245.3 -> 243.4 / 243.7 steps/min,
     /// p99/p50 7.15 / 7.20 -> 3.01 / 3.02; swe at 192 244.2 / 254.0 ->
     /// 240.5 / 238.9, p99/p50 3.83 / 4.08 -> 3.18 / 3.09 (the request
@@ -127,6 +128,21 @@ pub struct SchedulerConfig {
     /// replicas and in the CPU shape the tier never fills and nothing
     /// changes (benches/results/sim-past-the-tier). Infinity turns it off.
     pub recompute_after_turns: f64,
+    /// Rotation past the tier only where it is cheap: the contexts it
+    /// drops must be recomputed (prefill at the replica's measured rate)
+    /// within this share of a median turn. On a GPU a 20k-token context
+    /// recomputes in well under a turn; on the CPU, where prefill is the
+    /// bottleneck, a 3k-token one costs a fifth of a turn or more, and
+    /// rotating anyway took steps/min (`agentd simulate --workload long`,
+    /// 48 programs, 65,536-token pool, a 65,536 / 131,072-token tier,
+    /// `--cost cpu-avx512`): 141.5 / 153.3 without the rotation, 89.3 /
+    /// 126.9 with it unpriced, 138.8 / 153.3 at 0.2 (p99 100.5 -> 87.3 s
+    /// on the first); `cpu-avx2` 113.5 / 129.8 without, 112.7 / 129.8 at
+    /// 0.2 (p99 122.9 -> 102.9 s on the first). On H100
+    /// costs at 192 programs 0.2 keeps p99/p50 at 3.7-4.0 (swe 242.0 /
+    /// 248.5 steps/min, bimodal 249.2 / 245.0, seeds 1 / 2); 0.3 cost the
+    /// CPU 3-12% and 0.1 left the H100 tails at 5.9-6.8.
+    pub recompute_turn_share: f64,
     /// How long a group announced with a size waits for its missing members
     /// before it is admitted with those that arrived (seconds).
     pub group_gather_s: f64,
@@ -217,7 +233,7 @@ pub struct SchedulerConfig {
     ///   `cost.rs`.) The tail was a convoy behind a full tier, which
     ///   `recompute_after_turns` now breaks: seeds 1-6 read p99 131-202 s
     ///   with this option off too. With copies priced right (3 µs a token,
-    ///   beside the forward) and that default, at 192 programs (seeds 1 /
+    ///   beside the forward) and that rotation unpriced, at 192 programs (seeds 1 /
     ///   2) bimodal reads 243.4 / 243.7 steps/min at p99/p50 3.01 / 3.02
     ///   off and 242.2 / 242.7 at 2.92 / 3.40 on; swe 240.5 / 238.9 at
     ///   3.18 / 3.09 off and 238.7 / 238.9 at 3.02 / 3.09 on. No gain.
@@ -278,6 +294,7 @@ impl SchedulerConfig {
         max_wait_s: f64::INFINITY,
         rotate_after_turns: 1.0,
         recompute_after_turns: 8.0,
+        recompute_turn_share: 0.2,
         group_gather_s: 0.05,
         tool_decay_base: 1.0,
         prefill_share: 1.0,
@@ -316,11 +333,13 @@ impl SchedulerConfig {
             || self.rotate_after_turns <= 0.0
             || self.recompute_after_turns.is_nan()
             || self.recompute_after_turns <= 0.0
+            || self.recompute_turn_share.is_nan()
+            || self.recompute_turn_share < 0.0
             || self.group_gather_s < 0.0
             || self.idle_reclaim_after_s < 0.0
         {
             return Err(
-                "max_wait_s, rotate_after_turns and recompute_after_turns must be > 0, group_gather_s and idle_reclaim_after_s >= 0"
+                "max_wait_s, rotate_after_turns, recompute_after_turns must be > 0, group_gather_s, idle_reclaim_after_s and recompute_turn_share >= 0"
                     .into(),
             );
         }

@@ -37,9 +37,13 @@
 //!   `recompute_after_turns` (default 8) median turns rotates acting
 //!   residents out anyway, parked for recompute: a context just rotated
 //!   out is the one due back last, so its blocks are the ones to drop
-//!   (Belady), and the tier keeps those due back sooner. Eight turns cut
-//!   p99/p50 to 3.0-3.2 within 2% of the steps/min (`config.rs` has the
-//!   figures); four cut it to 2.2 at 4-6% fewer.
+//!   (Belady), and the tier keeps those due back sooner. Only where that
+//!   is cheap: the victims' prefill at the replica's measured rate must
+//!   fit `recompute_turn_share` (0.2) of a median turn. On H100 costs
+//!   that holds for 20k-token contexts and cuts bimodal's p99/p50 from
+//!   7.2 to 3.7-3.8; on the CPU, where prefill is the bottleneck, it
+//!   mostly does not, and rotating anyway cost up to 37% of the
+//!   steps/min (`config.rs` has the figures).
 //!
 //! An explicit `max_wait_s` is the user's hard bound: it rotates whatever
 //! the tier holds (`admit.rs` states its guarantee).

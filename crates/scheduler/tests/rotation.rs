@@ -7,7 +7,9 @@
 
 mod common;
 
-use agentd_scheduler::{Decision, Park, PauseCause, Policy, ProgramScheduler, SchedulerConfig};
+use agentd_scheduler::{
+    Decision, Park, PauseCause, Policy, ProgramScheduler, SchedulerConfig, StepWork,
+};
 use common::{back_from_the_tier, config, ids, info, pid, Engine, BS};
 
 type Eng = Engine<ProgramScheduler>;
@@ -44,16 +46,28 @@ fn one_second_turns(eng: &mut Eng) {
 /// decisions at `t0 + 2` (3 is overdue, 1 and 2 are reasoning) and right
 /// after program 1 finishes its turn there.
 fn overdue_behind_two(host_slots: Option<usize>) -> (Eng, Decision, Decision) {
-    overdue_behind_two_with(two_turns(), host_slots)
+    overdue_behind_two_with(two_turns(), host_slots, None)
 }
 
+/// [`overdue_behind_two`] with `cfg`, the replica's step-time fit first
+/// learned from steps taking `step_s(work)` when given.
 fn overdue_behind_two_with(
     cfg: SchedulerConfig,
     host_slots: Option<usize>,
+    step_s: Option<fn(&StepWork) -> f64>,
 ) -> (Eng, Decision, Decision) {
     let mut eng = Engine::program(cfg, 1, 110);
     if let Some(slots) = host_slots {
         eng = eng.with_host_tier(slots);
+    }
+    if let Some(step_s) = step_s {
+        // A 256-token program prefilled in chunks of 4-16 tokens; it ends.
+        let w = pid(999);
+        eng.request(w, 256);
+        eng.compute_in_steps(0, w, &[4, 6, 8, 12, 16], step_s);
+        assert!(eng.rates(0).prefill_s(0, 128).is_some(), "fit not warm");
+        eng.finish(w);
+        eng.terminate(w);
     }
     one_second_turns(&mut eng);
     let t0 = eng.now;
@@ -104,7 +118,7 @@ fn past_the_tier_a_long_wait_rotates_for_recompute() {
         recompute_after_turns: 4.0,
         ..two_turns()
     };
-    let (mut eng, reasoning, acting) = overdue_behind_two_with(cfg, Some(40));
+    let (mut eng, reasoning, acting) = overdue_behind_two_with(cfg, Some(40), None);
     assert!(reasoning.is_empty() && acting.is_empty(), "{acting:?}");
     let t0 = eng.now - 2.0;
     eng.now = t0 + 3.5;
@@ -126,6 +140,35 @@ fn past_the_tier_a_long_wait_rotates_for_recompute() {
     assert_eq!(back.admit, vec![(pid(1), 0)], "{back:?}");
     assert!(eng.last_match[&pid(1)].cached_tokens < 44 * BS);
     eng.check_kv();
+}
+
+/// Past the tier only where the recompute is cheap: 1's 176 tokens must
+/// prefill within `recompute_turn_share` (0.2) of the 1 s median turn.
+/// With a fit learned from a slow prefill (2 ms a token: ~0.35 s) 3 waits
+/// on; from a fast one (10 µs a token) 1 is rotated out at 4 turns as
+/// above.
+#[test]
+fn past_the_tier_only_where_the_recompute_is_cheap() {
+    fn slow(w: &StepWork) -> f64 {
+        1e-3 + 2e-3 * w.tokens as f64
+    }
+    fn fast(w: &StepWork) -> f64 {
+        1e-3 + 1e-5 * w.tokens as f64
+    }
+    let cfg = SchedulerConfig {
+        recompute_after_turns: 4.0,
+        ..two_turns()
+    };
+    for (step_s, rotates) in [(slow as fn(&StepWork) -> f64, false), (fast, true)] {
+        let (mut eng, _, acting) = overdue_behind_two_with(cfg.clone(), Some(40), Some(step_s));
+        assert!(acting.is_empty(), "{acting:?}");
+        eng.now += 2.0;
+        let d = eng.step(0);
+        let want: Vec<u64> = if rotates { vec![1] } else { vec![] };
+        assert_eq!(ids(&d.paused()), want, "{d:?}");
+        assert_eq!(eng.policy.num_waiting(), usize::from(!rotates));
+        eng.check_kv();
+    }
 }
 
 #[test]

@@ -202,7 +202,7 @@ impl ProgramScheduler {
             let parks = chosen.iter().map(|v| v.0);
             if self.tier_keeps(l, parked, parks, ask.unit, mem) {
                 room.parked[l] = None;
-            } else if self.past_the_tier(ask, now, room) {
+            } else if self.past_the_tier(ask, chosen, now, mem, room) {
                 // Parked for recompute: the parked blocks do not change.
                 park = Some(Park::Recompute);
             } else {
@@ -217,11 +217,40 @@ impl ProgramScheduler {
     }
 
     /// Whether the unit `ask` makes room for has waited long enough to
-    /// rotate residents out past the tier's room (`rotation.rs`).
-    fn past_the_tier(&self, ask: &Ask<'_>, now: f64, room: &Room) -> bool {
+    /// rotate `victims` out past the tier's room, and recomputing them
+    /// costs at most `recompute_turn_share` of a median turn
+    /// (`rotation.rs`).
+    fn past_the_tier(
+        &self,
+        ask: &Ask<'_>,
+        victims: &[(ProgramId, f64)],
+        now: f64,
+        mem: &dyn Memory,
+        room: &Room,
+    ) -> bool {
         let queued_at = ask.unit.first().and_then(|u| self.queue.enqueued_at(*u));
-        ask.victims == Victims::Resident
-            && queued_at.is_some_and(|t| now - t >= room.wait.recompute_after_s)
+        let waited = queued_at.is_some_and(|t| now - t >= room.wait.recompute_after_s);
+        if ask.victims != Victims::Resident || !waited {
+            return false;
+        }
+        let turn = self.turns.median().unwrap_or(f64::INFINITY);
+        let recompute: f64 = victims
+            .iter()
+            .map(|(q, _)| self.recompute_s(ask.l, *q, mem))
+            .sum();
+        recompute <= self.cfg.recompute_turn_share * turn
+    }
+
+    /// Seconds `l` would spend recomputing `q`'s context: its prefill at
+    /// the replica's measured rate (0 before it measured one: unpriced, as
+    /// `park.rs` leaves a pause unpriced then).
+    fn recompute_s(&self, l: usize, q: ProgramId, mem: &dyn Memory) -> f64 {
+        let Some(prog) = self.programs.get(&q) else {
+            return 0.0;
+        };
+        let held = mem.blocks_held(l, q) * mem.block_size();
+        mem.prefill_s(l, 0, prog.context_tokens.max(held))
+            .unwrap_or(0.0)
     }
 }
 
