@@ -19,8 +19,8 @@
 //!   replica has a tier and the copies cost less than the prefill; the
 //!   tier's LRU decides what it drops when full.
 //! * **recompute** — it is paused and its blocks are dropped when evicted
-//!   (`KvCache::pause_for_recompute`): no tier, or a prefill cheaper than
-//!   the copies out and back.
+//!   (`KvCache::pause_for_recompute`): no tier, or a prefill priced at
+//!   under a quarter of the copies out and back ([`RECOMPUTE_MARGIN`]).
 //!
 //! Tried and rejected: once the contexts parked on a replica filled the
 //! tier, recomputing a program whose context was cheaper per block to
@@ -42,6 +42,21 @@
 
 use crate::program::Program;
 use crate::{Memory, Phase, ProgramId, ProgramScheduler};
+
+/// How much cheaper than the copies out and back a prefill must be priced
+/// before a pause recomputes instead of swapping. The prices are the
+/// step-time fit's (`rates.rs`), and its prefill term swings between steps:
+/// in `agentd simulate` swe at 96 programs (H100 costs, copies beside the
+/// forward, 3.46M-token tier, a 3,600 s window after 3,600 s) it priced
+/// 21k-token contexts at 0.18-0.97 s against copies of 0.09-0.15 s. With
+/// no margin it chose recompute 375 times and recomputed 2.39M tokens:
+/// 262.4 steps/min against the request policy's 267.6. Margin 2: 263.0
+/// (1.90M); 4: 264.8 (0.82M); always swapping: 266.2 (0.12M). At 192
+/// programs, margin 4 against none: swe 258.1 against 250.3, bimodal 264.8
+/// against 259.8. A copy over PCIe or memory costs a tenth of a prefill or
+/// less on every device measured, so the margin only keeps recompute for a
+/// link clearly slower than the prefill, not for the fit's noise.
+const RECOMPUTE_MARGIN: f64 = 4.0;
 
 /// The fate of a program's KV when memory is wanted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -150,7 +165,7 @@ impl ProgramScheduler {
         // Out when evicted and back on restore; unknown copies (no step
         // copied enough yet) mean swap: a copy runs at memory bandwidth.
         match (prefill, mem.copy_s(l, 2 * held_tokens)) {
-            (Some(r), Some(c)) if r <= c => (Park::Recompute, prefill),
+            (Some(r), Some(c)) if r * RECOMPUTE_MARGIN <= c => (Park::Recompute, prefill),
             _ => (Park::Swap, mem.copy_s(l, held_tokens)),
         }
     }
