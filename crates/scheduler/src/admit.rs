@@ -206,7 +206,7 @@ impl ProgramScheduler {
     }
 
     /// Queued for the waiting bound: it may pause programs for room.
-    fn overdue(&self, p: ProgramId, now: f64, after_s: f64) -> bool {
+    pub(crate) fn overdue(&self, p: ProgramId, now: f64, after_s: f64) -> bool {
         self.queue
             .enqueued_at(p)
             .is_some_and(|at| now - at >= after_s)

@@ -145,6 +145,18 @@ impl ProgramScheduler {
         }
     }
 
+    /// Seconds `l` takes to recompute `prog`'s context (or the `held`
+    /// blocks it holds, when decoding grew it past its last request) at
+    /// the replica's measured prefill rate; `None` before it measured one.
+    pub(crate) fn recompute_s(
+        l: usize,
+        prog: &Program,
+        held: usize,
+        mem: &dyn Memory,
+    ) -> Option<f64> {
+        mem.prefill_s(l, 0, prog.context_tokens.max(held * mem.block_size()))
+    }
+
     /// The module's rule for a program holding `held` blocks on `l`: swap
     /// or recompute, and the seconds that brings its KV back on restore
     /// (the copies back, or the prefill of its context; `None` before the
@@ -158,7 +170,7 @@ impl ProgramScheduler {
         mem: &dyn Memory,
     ) -> (Park, Option<f64>) {
         let held_tokens = held * mem.block_size();
-        let prefill = mem.prefill_s(l, 0, prog.context_tokens.max(held_tokens));
+        let prefill = Self::recompute_s(l, prog, held, mem);
         if mem.host_capacity(l) == 0 {
             return (Park::Recompute, prefill);
         }

@@ -336,12 +336,7 @@ impl ProgramScheduler {
         let Some(oldest) = self.queue.by_arrival().find(|q| *q != p) else {
             return false;
         };
-        let bound = self.wait_bound(mem).after_s;
-        if self
-            .queue
-            .enqueued_at(oldest)
-            .is_none_or(|t| now - t < bound)
-        {
+        if !self.overdue(oldest, now, self.wait_bound(mem).after_s) {
             return false;
         }
         let (need, _) = self.need(oldest, now, mem);

@@ -228,29 +228,28 @@ impl ProgramScheduler {
         mem: &dyn Memory,
         room: &Room,
     ) -> bool {
-        let queued_at = ask.unit.first().and_then(|u| self.queue.enqueued_at(*u));
-        let waited = queued_at.is_some_and(|t| now - t >= room.wait.recompute_after_s);
+        let waited = ask
+            .unit
+            .first()
+            .is_some_and(|u| self.overdue(*u, now, room.wait.recompute_after_s));
         if ask.victims != Victims::Resident || !waited {
             return false;
         }
         let turn = self.turns.median().unwrap_or(f64::INFINITY);
         let recompute: f64 = victims
             .iter()
-            .map(|(q, _)| self.recompute_s(ask.l, *q, mem))
+            .map(|(q, _)| {
+                // Unpriced before the replica measured its prefill rate,
+                // as `park.rs` leaves a pause unpriced then.
+                self.programs
+                    .get(q)
+                    .and_then(|prog| {
+                        Self::recompute_s(ask.l, prog, mem.blocks_held(ask.l, *q), mem)
+                    })
+                    .unwrap_or(0.0)
+            })
             .sum();
         recompute <= self.cfg.recompute_turn_share * turn
-    }
-
-    /// Seconds `l` would spend recomputing `q`'s context: its prefill at
-    /// the replica's measured rate (0 before it measured one: unpriced, as
-    /// `park.rs` leaves a pause unpriced then).
-    fn recompute_s(&self, l: usize, q: ProgramId, mem: &dyn Memory) -> f64 {
-        let Some(prog) = self.programs.get(&q) else {
-            return 0.0;
-        };
-        let held = mem.blocks_held(l, q) * mem.block_size();
-        mem.prefill_s(l, 0, prog.context_tokens.max(held))
-            .unwrap_or(0.0)
     }
 }
 
