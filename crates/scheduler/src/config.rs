@@ -274,6 +274,11 @@ impl SchedulerConfig {
     ///   (pair-gqa1-long-48-l100); the simulator's slowest steps grew 30.6
     ///   -> 52.1 s (96 programs, H100, host tier) and without a tier
     ///   throughput fell 295.5 -> 255.5 steps/min. So 0.95 stays.
+    ///   Re-measured in steady state with the tier on by default
+    ///   (benches/results/sim-fit-copy-heavy, H100 preset): λmin 0.98 /
+    ///   1.0 bought 0.5% / 0.8% at swe 96 (0.995x request -> 1.00x) and
+    ///   cost the 192-program tails: p99 64.8 -> 87.3 / 85.7 s (swe),
+    ///   79.1 -> 134.9 s at 1.0 (toolorch).
     /// * a program passed over 16 times is admitted first: the slowest
     ///   request at 96 swe programs 401 -> 279 s, at 192 989 -> 542 s, at
     ///   no cost in steps/min.

@@ -56,6 +56,14 @@ use crate::{Memory, Phase, ProgramId, ProgramScheduler};
 /// against 259.8. A copy over PCIe or memory costs a tenth of a prefill or
 /// less on every device measured, so the margin only keeps recompute for a
 /// link clearly slower than the prefill, not for the fit's noise.
+///
+/// Most of that noise was the fit's: where the copies run beside the
+/// forward, steps that restored a long context took about as long as their
+/// copies and the fit explained them by the copies alone, pricing a
+/// 2,048-token prefill at 0.2-2 ms against 51 ms. Since the fit leaves
+/// such steps out (`rates.rs`, `COPY_HEAVY`) that cell chooses no
+/// recompute by price: 266.2 steps/min, 0.12M tokens recomputed (192
+/// programs: 261.6 against 258.1).
 const RECOMPUTE_MARGIN: f64 = 4.0;
 
 /// The fate of a program's KV when memory is wanted.

@@ -24,6 +24,18 @@
 /// Steps after which an observation weighs half as much. A decode step is
 /// 10-50 ms on the CPU bench and 5-30 ms on an H100, so ~5-25 s of steps.
 pub const HALF_LIFE_STEPS: f64 = 500.0;
+/// A step that copied more than this many tokens per token it computed
+/// is left out of the fit. Where the copies run beside the forward (the
+/// CUDA tier's stream) such a step takes about as long as its copies and
+/// says nothing of its compute, and the linear fit explained it by the
+/// copies alone: in `agentd simulate` swe at 96 programs (H100 costs,
+/// where a restore of 20k tokens rides with the 2k-token turn that
+/// brought it back) it priced a 2,048-token prefill at 0.2-2 ms against
+/// the model's 51 ms, and the park price recomputed 189 contexts. A copy
+/// costs a tenth of a computed token or less on every device measured
+/// (3 µs against 25 µs on the H100 preset, 3-5 µs against 176 µs on the
+/// CPU), so a step under this ratio is still mostly compute.
+const COPY_HEAVY: usize = 8;
 /// Steps seen before the fit predicts anything.
 pub const WARM_STEPS: u64 = 16;
 
@@ -111,6 +123,9 @@ impl StepRates {
     /// times and empty steps are ignored.
     pub fn observe(&mut self, work: &StepWork, seconds: f64) {
         if !seconds.is_finite() || seconds < 0.0 || work.is_empty() {
+            return;
+        }
+        if work.copied_tokens > work.tokens.saturating_mul(COPY_HEAVY) {
             return;
         }
         let keep = 0.5f64.powf(1.0 / HALF_LIFE_STEPS);
@@ -303,6 +318,48 @@ mod tests {
         let s = r.prefill_s(0, 512).unwrap();
         assert!(s.is_finite() && s >= 0.0);
         assert!(r.prefill_tokens_within(0, 0.1).is_some());
+    }
+
+    /// Copies that run beside the forward (the H100 preset's rule in
+    /// `crates/sim/src/cost.rs`): a step that restores a long context
+    /// takes about as long as its copies. The prefill price must stay the
+    /// model's, and a swap must stay priced under a recompute. Fitted on
+    /// every step, this prefill was priced at 0.73 of its cost.
+    #[test]
+    fn copies_beside_the_forward_do_not_hide_the_prefill() {
+        let gpu = |w: &StepWork| {
+            let mut c = *w;
+            c.copied_tokens = 0;
+            let compute = 5.0e-3
+                + 25.0e-6 * c.tokens as f64
+                + 1.5e-9 * c.prefill_pairs
+                + 22.0e-9 * c.decode_context as f64;
+            let copy = 3.0e-6 * w.copied_tokens as f64;
+            (compute + copy / 36.0).max(copy + compute / 36.0)
+        };
+        let mut r = StepRates::default();
+        for i in 0..3000 {
+            let mut w = step(i);
+            // Every third step restores a 5-30k-token context with the
+            // turn that brought it back; every fifth copies a little.
+            w.copied_tokens = match (i % 3, i % 5) {
+                (1, _) => 5_000 + 1_000 * (i % 26),
+                (_, 0) => 64,
+                _ => 0,
+            };
+            r.observe(&w, gpu(&w));
+        }
+        let want = 25.0e-6 * 2048.0 + 1.5e-9 * 2048.0 * 1024.0;
+        let got = r.prefill_s(0, 2048).unwrap();
+        assert!((got - want).abs() / want < 0.05, "{got} vs {want}");
+        let (copies, prefill) = (
+            r.copy_s(2 * 20_000).unwrap(),
+            r.prefill_s(0, 20_000).unwrap(),
+        );
+        assert!(
+            4.0 * copies < prefill,
+            "swap {copies} s, recompute {prefill} s"
+        );
     }
 
     #[test]
