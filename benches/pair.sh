@@ -16,6 +16,9 @@
 #   A_FLAGS="--scheduler program" B_FLAGS="--scheduler request" \
 #     CONC=48,96,192 RESULT_NAME=pair-default benches/pair.sh
 #
+# A_AGENTD / B_AGENTD (default $AGENTD) give each arm its own binary, to
+# compare two builds (before and after a change) the same way.
+#
 # Writes $OUT/$RESULT_NAME/{README.md,c<N>.svg,c<N>-pass<P>-<arm>.json}; the
 # README ends with where each arm's time went, from both servers' /metrics
 # over the window (benches/lib/pair_metrics.py; snapshots in $WORK/metrics).
@@ -45,6 +48,11 @@ export RUST_LOG=${RUST_LOG:-warn,agentd::cmd::cpu=info}
 command -v taskset >/dev/null || { echo "pair.sh needs taskset (util-linux)" >&2; exit 1; }
 [ "$ncpu" -ge 2 ] || { echo "pair.sh needs at least 2 cores" >&2; exit 1; }
 need_agentd
+A_AGENTD=${A_AGENTD:-$AGENTD}
+B_AGENTD=${B_AGENTD:-$AGENTD}
+for bin in "$A_AGENTD" "$B_AGENTD"; do
+  [ -x "$bin" ] || { echo "no agentd binary at $bin" >&2; exit 1; }
+done
 engine_shape
 mkdir -p "$WORK"
 METRICS=$WORK/metrics
@@ -102,18 +110,18 @@ measure() { # CONC PASS CORES_OF_A CORES_OF_B
 }
 
 # The common shape's server (common.sh) pinned to CORES. SERVED: its pid.
-serve_pinned() { # PORT CORES LOG FLAGS
+serve_pinned() { # PORT CORES LOG FLAGS BINARY
   local extra=()
   read -r -a extra <<<"$4"
-  PIN_CORES=$2 serve_agentd "$1" "$3" "${extra[@]}"
+  AGENTD=$5 PIN_CORES=$2 serve_agentd "$1" "$3" "${extra[@]}"
   SERVED=$SPAWNED
 }
 
 pass() { # PASS CORES_OF_A CORES_OF_B
   local p=$1 ca=$2 cb=$3 c sa sb
-  serve_pinned "$PORT_A" "$ca" "$WORK/a-pass$p.log" "$A_FLAGS"
+  serve_pinned "$PORT_A" "$ca" "$WORK/a-pass$p.log" "$A_FLAGS" "$A_AGENTD"
   sa=$SERVED
-  serve_pinned "$PORT_B" "$cb" "$WORK/b-pass$p.log" "$B_FLAGS"
+  serve_pinned "$PORT_B" "$cb" "$WORK/b-pass$p.log" "$B_FLAGS" "$B_AGENTD"
   sb=$SERVED
   IFS=, read -r -a levels <<<"$CONC"
   for c in "${levels[@]}"; do measure "$c" "$p" "$ca" "$cb"; done
@@ -131,7 +139,7 @@ python3 benches/lib/pair_report.py "$DIR" "$A_NAME" "$B_NAME" "$CONC" >"$DIR/tab
   echo "# $A_NAME vs $B_NAME, both at once on pinned cores"
   echo
   echo "\`benches/pair.sh\`, $started to $(date -u +%FT%TZ). CPU: $(cpu_model) ($ncpu cores);"
-  echo "agentd's CPU kernel path ${kernels:-unknown} (its start log). Binary: $AGENTD."
+  echo "agentd's CPU kernel path ${kernels:-unknown} (its start log). Binaries: $A_NAME $A_AGENTD, $B_NAME $B_AGENTD."
   echo
   echo "- $A_NAME: \`agentd serve ${A_FLAGS:-(defaults)}\`; $B_NAME: \`agentd serve ${B_FLAGS:-(defaults)}\`."
   echo "- Pass 1: $A_NAME on cores $CORES_A, $B_NAME on $CORES_B; pass 2 swapped, fresh servers."
