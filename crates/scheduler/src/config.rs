@@ -203,7 +203,13 @@ pub struct SchedulerConfig {
     /// made room on whichever replica stepped and unbalanced them (kv
     /// imbalance 0.05 -> 0.53, 2617.6 -> 2488.6 steps/min, p99 36 -> 66 s,
     /// against the request policy's 2681.2); placement-aware swapping is
-    /// not built.
+    /// not built. Re-measured on the CPU presets in steady state (2026-12-07,
+    /// `--workload long`, 65,536-token pool, 3,600 s after 3,600 s): off
+    /// against on, avx512 155.7 / 155.0 against 156.3 / 154.6 steps/min at
+    /// 16 / 48 programs, avx2 131.4 / 129.9 against 131.6 / 128.4, within
+    /// 1.2% either way, but p99 at 16 programs 8.1 against 5.8 s (avx512)
+    /// and 10.5 against 8.0 s (avx2); with a one-pool tier at 48 134.8
+    /// against 134.1 and 111.2 against 110.5. So it stays on.
     pub swap_for_waiting: bool,
     /// Returning residents yield to an overdue queue: a program still
     /// resident when its tool returns, while the program queued longest is
