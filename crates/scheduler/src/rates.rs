@@ -120,7 +120,7 @@ impl Default for StepRates {
 
 impl StepRates {
     /// Records that a step of `work` took `seconds`. Non-finite or negative
-    /// times and empty steps are ignored.
+    /// times, empty steps and copy-heavy ones (`COPY_HEAVY`) are ignored.
     pub fn observe(&mut self, work: &StepWork, seconds: f64) {
         if !seconds.is_finite() || seconds < 0.0 || work.is_empty() {
             return;
