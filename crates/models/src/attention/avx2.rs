@@ -7,7 +7,9 @@
 //! (so prefill and decode of the same token agree to the bit); (2) online
 //! softmax on the vector (masked max, vector `exp`, sum); (3) P·V with each
 //! probability broadcast against value rows, in register tiles of RT rows ×
-//! CV vectors (≤ 12 accumulators: AVX2 has 16 ymm registers).
+//! CV vectors (≤ 12 accumulators: AVX2 has 16 ymm registers; fewer rows take
+//! a tile of their own size). Decode-sized tasks prefetch two blocks ahead
+//! (`cpu::prefetch_ahead`).
 //!
 //! The chunks are 8 keys here and 16 with AVX-512, so the softmax rescales
 //! at other points: results agree with the AVX-512 kernel to ~1e-6, not to
@@ -18,7 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use super::cpu::{Job, OutPtr, Task};
+use super::cpu::{prefetch_ahead, Job, OutPtr, Task};
 use crate::cpu_kernels::KernelPath;
 
 /// Keys per chunk: one vector of scores.
@@ -109,8 +111,16 @@ unsafe fn chunk<const DV: usize, const CV: usize, const RT: usize>(
     let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let end = first + hi; // keys 0..end are visible to some row of the task
     let mut j0 = 0;
+    let mut pf_block = usize::MAX;
+    // Decode-sized tasks stream their keys once; a prefill chunk computes
+    // 16 rows per key loaded and finds them in cache (`cpu::PF_BLOCKS`).
+    let stream = hi - lo <= super::cpu::PF_MAX_QUERIES;
     while j0 < end {
         let nk = (end - j0).min(KC);
+        if stream && j0 / bs != pf_block {
+            pf_block = j0 / bs;
+            prefetch_ahead(job, table, pf_block, end, kv_head);
+        }
         let offs: [usize; KC] = std::array::from_fn(|i| key_row(j0 + i.min(nk - 1)));
 
         // 1. Scores into p[r][0..8]; component dd of key j0 + i is at
@@ -179,7 +189,13 @@ unsafe fn chunk<const DV: usize, const CV: usize, const RT: usize>(
             let n = (rows - r).min(RT);
             let mut c0 = 0;
             while c0 < DV {
-                pv::<CV, RT>(&mut acc, d, &p, vp, &offs, nk, r, n, c0);
+                // A tile of its own size for fewer rows than RT (decode
+                // with GQA 1: one row), as in `avx512.rs`.
+                match n {
+                    1 => pv::<CV, 1>(&mut acc, d, &p, vp, &offs, nk, r, n, c0),
+                    2 if RT > 2 => pv::<CV, 2>(&mut acc, d, &p, vp, &offs, nk, r, n, c0),
+                    _ => pv::<CV, RT>(&mut acc, d, &p, vp, &offs, nk, r, n, c0),
+                }
                 c0 += CV;
             }
             r += n;

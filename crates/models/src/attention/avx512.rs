@@ -16,14 +16,18 @@
 //! 2. **Online softmax** on whole vectors: one masked max, one vector `exp`
 //!    (polynomial, ~1 ulp), one sum; causal and context limits are lane masks.
 //! 3. **P·V** with each probability broadcast against the value rows, RT rows
-//!    × d/16 vectors of accumulators in registers per pass.
+//!    × d/16 vectors of accumulators in registers per pass (fewer rows, as a
+//!    GQA-1 decode's one, take a tile of their own size).
+//!
+//! A decode-sized task also prefetches the K and V of the block two ahead
+//! (`cpu::prefetch_ahead`): it reads every key once, from memory.
 
 // Register tiles read best as explicit index loops.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
-use super::cpu::{Job, OutPtr, Task};
+use super::cpu::{prefetch_ahead, Job, OutPtr, Task};
 
 /// Keys per chunk: one vector of scores.
 const KC: usize = 16;
@@ -107,8 +111,16 @@ unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out
     let (kp, vp) = (job.kv.k.as_ptr(), job.kv.v.as_ptr());
     let end = first + hi; // keys 0..end are visible to some row of the task
     let mut j0 = 0;
+    let mut pf_block = usize::MAX;
+    // Decode-sized tasks stream their keys once; a prefill chunk computes
+    // 16 rows per key loaded and finds them in cache (`cpu::PF_BLOCKS`).
+    let stream = hi - lo <= super::cpu::PF_MAX_QUERIES;
     while j0 < end {
         let nk = (end - j0).min(KC);
+        if stream && j0 / bs != pf_block {
+            pf_block = j0 / bs;
+            prefetch_ahead(job, table, pf_block, end, kv_head);
+        }
         let offs: [usize; KC] = std::array::from_fn(|i| key_row(j0 + i.min(nk - 1)));
 
         // 1. Scores into p[r][0..16]; component dd of key j0 + i is at
@@ -173,7 +185,14 @@ unsafe fn chunk<const DV: usize, const RT: usize>(job: &Job<'_>, task: Task, out
         let mut r = 0;
         while r < rows {
             let n = (rows - r).min(RT);
-            pv::<DV, RT>(&mut acc, &p, vp, &offs, nk, r, n);
+            // Fewer rows than the tile (decode: one row per KV head with
+            // GQA 1) take a tile of their own size: the repeated rows of a
+            // full tile would cost RT / n times the FMAs.
+            match n {
+                1 => pv::<DV, 1>(&mut acc, &p, vp, &offs, nk, r, n),
+                2 if RT > 2 => pv::<DV, 2>(&mut acc, &p, vp, &offs, nk, r, n),
+                _ => pv::<DV, RT>(&mut acc, &p, vp, &offs, nk, r, n),
+            }
             r += n;
         }
         j0 += nk;

@@ -16,7 +16,8 @@
 //!
 //! Block ids come from the caller's allocator (`agentd-kv`); this type only
 //! knows how many blocks there are. `vec![0.0; n]` maps zero pages lazily, so
-//! an oversized pool costs address space, not memory, until blocks are used.
+//! an oversized pool costs address space, not memory, until blocks are used
+//! (in 2 MiB steps: the storage asks for huge pages, `memory.rs`).
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -48,9 +49,14 @@ impl PagedKvCache {
         }
         let n = cfg.layer_len();
         let layers = (0..cfg.num_layers)
-            .map(|_| LayerKv {
-                k: vec![0.0; n],
-                v: vec![0.0; n],
+            .map(|_| {
+                let mut kv = LayerKv {
+                    k: vec![0.0; n],
+                    v: vec![0.0; n],
+                };
+                crate::memory::advise_huge_pages(&mut kv.k);
+                crate::memory::advise_huge_pages(&mut kv.v);
+                kv
             })
             .collect();
         Ok(PagedKvCache { cfg, layers })
