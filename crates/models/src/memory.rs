@@ -1,5 +1,6 @@
 //! Giving the CPU runner's memory back to the system (the regions are
-//! [`agentd_runtime::MemoryTags`]).
+//! [`agentd_runtime::MemoryTags`]), and asking it for huge pages for the KV
+//! pool.
 
 pub use agentd_runtime::memory::MemoryTags;
 
@@ -22,8 +23,8 @@ pub fn trim_heap() {
 /// `buf`, before it is first written: the KV pool is read in runs of one
 /// block per KV head (4-8 KiB) at block ids the allocator scatters over
 /// gigabytes, so with 4 KiB pages nearly every run of a decode step costs
-/// a TLB miss and a page walk. Random 4 KiB reads over 1 GiB on the AMD
-/// EPYC of ENVIRONMENT.md, 2 threads: 12.0 GB/s on 4 KiB pages, 16.2 on
+/// a TLB miss and a page walk. Random 4 KiB reads over 1 GiB on an AMD
+/// EPYC (Zen 4), 2 threads: 12.0 GB/s on 4 KiB pages, 16.2 on
 /// huge pages (sequential reads: 35 GB/s); `agentd bench-model` decode,
 /// 32 x 4,096 tokens, 171.3 -> 195.1 tok/s with them
 /// (`benches/results/attention-decode-AMD-EPYC`). Transparent huge pages are
