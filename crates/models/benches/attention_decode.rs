@@ -19,35 +19,22 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentd_models::attention::{paged_attention_on, AttentionShape};
 use agentd_models::cpu_kernels::KernelPath;
 use agentd_models::{BatchBuilder, BatchInput, KvCacheConfig, LogitsFor, PagedKvCache};
 
-use common::list;
+use common::{list, median, median_secs};
+
+/// At least this long of calls per cell and path (and at most `MAX_CALLS`).
+const MIN_TIME: Duration = Duration::from_millis(200);
+const MAX_CALLS: usize = 100;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// (query heads, KV heads, head dim): the two bench cards' attention.
 const SHAPES: [(usize, usize, usize); 2] = [(8, 8, 64), (8, 2, 128)];
-
-/// Median seconds per call: at least 5 calls and 0.2 s after one warm-up.
-fn median_secs(mut f: impl FnMut()) -> f64 {
-    f();
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < 5 || start.elapsed() < Duration::from_millis(200) {
-        let s = Instant::now();
-        f();
-        times.push(s.elapsed().as_secs_f64());
-        if times.len() >= 100 {
-            break;
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
-}
 
 /// One cell: a filled cache and a decode batch over it.
 struct Cell {
@@ -145,19 +132,18 @@ fn main() -> Result<()> {
                     let mut per_path = vec![Vec::new(); paths.len()];
                     for _ in 0..rounds {
                         for (i, &path) in paths.iter().enumerate() {
-                            per_path[i].push(median_secs(|| {
+                            let call = || {
                                 let layer = c.cache.layer(0);
                                 paged_attention_on(
                                     path, &c.q, layer, &c.batch, c.shape, 0.125, &mut out,
                                 );
                                 std::hint::black_box(&out);
-                            }));
+                            };
+                            per_path[i].push(median_secs(call, MIN_TIME, MAX_CALLS));
                         }
                     }
                     for (i, path) in paths.iter().enumerate() {
-                        let mut v = std::mem::take(&mut per_path[i]);
-                        v.sort_by(f64::total_cmp);
-                        let s = v[v.len() / 2];
+                        let s = median(std::mem::take(&mut per_path[i]));
                         println!(
                             "| {}/{} x {} | {bs} | {ctx} | {b} | {path} | {:.1} | {:.1} |",
                             shape.0,

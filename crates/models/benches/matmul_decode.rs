@@ -23,13 +23,17 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentd_models::cpu_kernels::{self, KernelPath};
 use agentd_models::layers::Linear;
 use candle_core::{DType, Device, Tensor};
 
-use common::list;
+use common::{list, median_secs};
+
+/// At least this long of calls per product (and at most `MAX_CALLS`).
+const MIN_TIME: Duration = Duration::from_millis(300);
+const MAX_CALLS: usize = 200;
 
 /// `[n, k]` weight shapes: the output projections at hidden 256 and 1024,
 /// and layer matrices of both widths.
@@ -45,23 +49,6 @@ const CHILD: &str = "AGENTD_MATMUL_BENCH_CHILD";
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Median seconds per call: at least 5 calls and 0.3 s after one warm-up.
-fn median_secs(mut f: impl FnMut()) -> f64 {
-    f();
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < 5 || start.elapsed() < Duration::from_millis(300) {
-        let s = Instant::now();
-        f();
-        times.push(s.elapsed().as_secs_f64());
-        if times.len() >= 200 {
-            break;
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
-}
-
 /// One path (this process's): lines `n k dtype T seconds`.
 fn child(ts: &[usize]) -> Result<()> {
     for &(n, k) in &SHAPES {
@@ -75,9 +62,13 @@ fn child(ts: &[usize]) -> Result<()> {
                 let x: Vec<f32> = (0..t * k)
                     .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
                     .collect();
-                let secs = median_secs(|| {
-                    std::hint::black_box(lin.forward(&x).expect("forward"));
-                });
+                let secs = median_secs(
+                    || {
+                        std::hint::black_box(lin.forward(&x).expect("forward"));
+                    },
+                    MIN_TIME,
+                    MAX_CALLS,
+                );
                 println!("{n} {k} {dtype:?} {t} {secs:e}");
             }
         }

@@ -27,16 +27,11 @@ use agentd_models::runner::LoadedModel;
 use agentd_models::synth::{write_random_model, ModelCard};
 use agentd_models::{BatchBuilder, BatchInput, LogitsFor, Model};
 
-use common::list;
+use common::{list, median};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const BS: usize = 16;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// The workload of one measurement: `restore` blocks out and back, a
 /// `chunk`-token prefill after as many cached tokens.
