@@ -157,12 +157,16 @@ fn run(chunk: ChunkFn, job: &Job<'_>, out: &mut [f32]) {
 /// sequences of 4,096 / 8,192 tokens over shuffled blocks, against the same
 /// build without it): GQA 1 x 64 1.06-1.18x on avx512, 0.98-1.15x on avx2;
 /// GQA 4 x 128 1.05-1.16x (`benches/results/attention-decode-AMD-EPYC`).
+/// x86_64 only: the NEON kernel does not prefetch (no aarch64 machine has
+/// measured it, and `core::arch::aarch64::_prefetch` is unstable).
+#[cfg(target_arch = "x86_64")]
 const PF_BLOCKS: usize = 2;
 
 /// Tasks of at most this many query tokens prefetch (decode, and the few
 /// tokens of a speculative step). A prefill chunk's task (16 queries)
 /// computes 16 rows for each key it loads and its keys were just read by
 /// the chunk before it, so there a prefetch would only add instructions.
+#[cfg(target_arch = "x86_64")]
 pub(super) const PF_MAX_QUERIES: usize = 2;
 
 /// Prefetches, for the task on KV head `kv_head` now entering block index
@@ -170,39 +174,35 @@ pub(super) const PF_MAX_QUERIES: usize = 2;
 /// reads it (`end`: the keys it reads). One prefetch per cache line: a
 /// block's K (and V) of one head is `block_size * head_dim` contiguous
 /// floats in either layout (`cache.rs`).
+#[cfg(target_arch = "x86_64")]
 #[inline]
 pub(super) fn prefetch_ahead(job: &Job<'_>, table: &[u32], blk: usize, end: usize, kv_head: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let sh = job.shape;
-        let ahead = blk + PF_BLOCKS;
-        if ahead * sh.block_size >= end {
-            return;
-        }
-        let Some(&block) = table.get(ahead) else {
-            return;
-        };
-        let len = sh.block_size * sh.head_dim;
-        let base = (block as usize * sh.num_kv_heads + kv_head) * len;
-        let (Some(k), Some(v)) = (
-            job.kv.k.get(base..base + len),
-            job.kv.v.get(base..base + len),
-        ) else {
-            return;
-        };
-        for i in (0..len).step_by(16) {
-            // SAFETY: a prefetch is a hint that never faults, and both
-            // pointers are in bounds (`get` above); SSE is baseline on
-            // x86_64.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(k.as_ptr().add(i) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().add(i) as *const i8);
-            }
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let sh = job.shape;
+    let ahead = blk + PF_BLOCKS;
+    if ahead * sh.block_size >= end {
+        return;
+    }
+    let Some(&block) = table.get(ahead) else {
+        return;
+    };
+    let len = sh.block_size * sh.head_dim;
+    let base = (block as usize * sh.num_kv_heads + kv_head) * len;
+    let (Some(k), Some(v)) = (
+        job.kv.k.get(base..base + len),
+        job.kv.v.get(base..base + len),
+    ) else {
+        return;
+    };
+    for i in (0..len).step_by(16) {
+        // SAFETY: a prefetch is a hint that never faults, and both
+        // pointers are in bounds (`get` above); SSE is baseline on
+        // x86_64.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(k.as_ptr().add(i) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().add(i) as *const i8);
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (job, table, blk, end, kv_head);
 }
 
 /// The portable task kernel: one dot product, `exp` and axpy per (row, key).
