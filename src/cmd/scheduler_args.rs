@@ -11,7 +11,8 @@ pub struct SchedulerArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
-    /// Restore only while demand + need <= lambda_min x capacity.
+    /// Restore only while demand + need <= lambda_min x capacity (with a
+    /// host KV tier that has room for the band, up to lambda_max x capacity).
     #[arg(long, default_value_t = DEFAULTS.lambda_min)]
     pub lambda_min: f64,
     /// Pause while demand > lambda_max x capacity.

@@ -18,7 +18,9 @@
 //! A candidate's first admission takes the waiting members of its group
 //! with it (one *unit*, one replica, so the members share their prompt's
 //! blocks); a member admitted before is restored alone (`unit`). A
-//! unit goes where `D + need ≤ λmin·C` (most room, or best fit), on its
+//! unit goes where `D + need ≤ λ·C` (most room, or best fit; λ is λmin,
+//! or λmax while the host tier has room for the band:
+//! `rotation.rs::admission_ceiling`), on its
 //! previous replica while its own blocks survive there. When it fits nowhere:
 //! * **work conservation** — if `l` runs nothing, acting programs of `l`
 //!   are paused for it (their blocks stay cached, evictable): a replica
@@ -86,9 +88,18 @@ struct Room {
     /// Prefill seconds queued per replica, this decision's admissions
     /// included (`admit_prefill_s`; zeros while the bound is off).
     backlog_s: Vec<f64>,
+    /// The share of each replica's pool admissions may fill in this
+    /// decision: λmin, or λmax while its host tier has room for the band
+    /// (`rotation.rs::admission_ceiling`).
+    ceiling: Vec<f64>,
 }
 
 impl Room {
+    /// Blocks replica `r` may still take in this decision.
+    fn left(&self, r: usize, mem: &dyn Memory) -> f64 {
+        self.ceiling[r] * mem.capacity(r) as f64 - self.tentative[r]
+    }
+
     fn known_to_fail(&self, victims: Victims, need: f64) -> bool {
         need >= self.failed[victims as usize]
     }
@@ -102,7 +113,8 @@ impl Room {
 }
 
 impl ProgramScheduler {
-    /// Restores from the global queue while some replica has room under λmin.
+    /// Restores from the global queue while some replica has room under its
+    /// admission ceiling.
     pub(crate) fn admit(&mut self, l: usize, now: f64, mem: &dyn Memory, out: &mut Decision) {
         if self.queue.is_empty() {
             return;
@@ -117,6 +129,9 @@ impl ProgramScheduler {
                 self.demand[r].0
             })
             .collect();
+        let ceiling = (0..n)
+            .map(|r| self.admission_ceiling(r, now, mem))
+            .collect();
         let mut room = Room {
             tentative,
             running: self.running.clone(),
@@ -126,6 +141,7 @@ impl ProgramScheduler {
             wait: self.wait_bound(mem),
             parked: vec![None; n],
             backlog_s: (0..n).map(|r| self.prefill_backlog_s(r, mem)).collect(),
+            ceiling,
         };
         for p in self.candidates(now, room.wait.after_s) {
             // Admitted already with its group, or paused by this very
@@ -382,7 +398,7 @@ impl ProgramScheduler {
             {
                 continue;
             }
-            let left = self.cfg.lambda_min * mem.capacity(r) as f64 - room.tentative[r];
+            let left = room.left(r, mem);
             // An empty replica takes any unit whose context fits its pool at
             // all (its decode reserve aside: the engine caps a sequence at
             // the pool), or a program larger than λmin·C would wait forever.
@@ -441,7 +457,7 @@ impl ProgramScheduler {
     /// room. With one replica this is strict queue order. False once every
     /// replica is reserved.
     fn reserve_for(&self, mem: &dyn Memory, room: &mut Room) -> bool {
-        let left = |r: usize| self.cfg.lambda_min * mem.capacity(r) as f64 - room.tentative[r];
+        let left = |r: usize| room.left(r, mem);
         let most_room = (0..room.reserved.len())
             .filter(|&r| !room.reserved[r])
             .max_by(|&a, &b| left(a).total_cmp(&left(b)).then(b.cmp(&a)));

@@ -62,7 +62,9 @@ impl FromStr for Placement {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
     pub policy: PolicyKind,
-    /// Restore only while `D + need <= lambda_min * C`.
+    /// Restore only while `D + need <= lambda_min * C`; with a host tier
+    /// that has room for the band, up to `lambda_max * C`
+    /// (`rotation.rs::admission_ceiling`).
     pub lambda_min: f64,
     /// Pause while `D > lambda_max * C`.
     pub lambda_max: f64,
@@ -284,7 +286,13 @@ impl SchedulerConfig {
     ///   (benches/results/sim-fit-copy-heavy, H100 preset): λmin 0.98 /
     ///   1.0 bought 0.5% / 0.8% at swe 96 (0.995x request -> 1.00x) and
     ///   cost the 192-program tails: p99 64.8 -> 87.3 / 85.7 s (swe),
-    ///   79.1 -> 134.9 s at 1.0 (toolorch).
+    ///   79.1 -> 134.9 s at 1.0 (toolorch). That toolorch tail was new
+    ///   programs: the smallest reasoning programs, paused first when
+    ///   demand passed λmax·C, queued anew behind a whole waiting bound;
+    ///   a request paused mid-turn now keeps its place (`queue.rs`). And
+    ///   the band now closes only while the host tier has room for it
+    ///   (`rotation.rs::admission_ceiling`), so λmin 0.95 applies where
+    ///   pauses would drop contexts (benches/results/sim-band).
     /// * a program passed over 16 times is admitted first: the slowest
     ///   request at 96 swe programs 401 -> 279 s, at 192 989 -> 542 s, at
     ///   no cost in steps/min.

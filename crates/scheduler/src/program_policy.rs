@@ -47,6 +47,9 @@ pub struct ProgramScheduler {
     pub(crate) running: Vec<usize>,
     /// Last computed demand per replica and when (for placement elsewhere).
     pub(crate) demand: Vec<(f64, f64)>,
+    /// Last computed admission ceiling per replica and when
+    /// (`rotation.rs::admission_ceiling`).
+    pub(crate) ceiling: Vec<(f64, f64)>,
     pub(crate) groups: GroupTable,
     pub(crate) tools: ToolTable,
     /// Recent turn times: the period of the measured waiting bound.
@@ -64,6 +67,7 @@ impl ProgramScheduler {
             queue,
             running: vec![0; num_replicas.max(1)],
             demand: vec![(0.0, f64::NEG_INFINITY); num_replicas.max(1)],
+            ceiling: vec![(0.0, f64::NEG_INFINITY); num_replicas.max(1)],
             groups: GroupTable::default(),
             tools: ToolTable::default(),
             turns: ToolStats::default(),
@@ -204,10 +208,19 @@ impl ProgramScheduler {
             return;
         };
         if prog.phase == Phase::Reasoning && !prog.waiting {
+            // Paused mid-request: the request waits from when it arrived
+            // (`WaitingQueue::push`), not from now. Queued anew, a program
+            // paused in its first turn — the smallest reasoning program,
+            // so the first paused when demand passes λmax·C — waited a
+            // whole waiting bound again: `agentd simulate` toolorch at 192
+            // programs (H100, 3.46M-token tier) with λmin 1.0 paused 1,185
+            // first turns this way, first requests p50 84.6 s against the
+            // others' 57.5 s.
+            let since = prog.request_at.min(now);
             prog.waiting = true;
-            prog.waiting_since = now;
+            prog.waiting_since = since;
             self.queue
-                .push(p, QueueClass::Restore, prog.context_tokens, now);
+                .push(p, QueueClass::Restore, prog.context_tokens, since);
         }
     }
 

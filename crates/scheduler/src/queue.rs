@@ -33,14 +33,30 @@ struct Key {
     id: ProgramId,
 }
 
+/// A queue time as a totally ordered key (simulated and engine times are
+/// finite and non-negative; anything else sorts as 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Since(u64);
+
+impl Since {
+    fn of(t: f64) -> Self {
+        // Non-negative finite floats order as their bit patterns do.
+        Self(if t.is_finite() && t > 0.0 {
+            t.to_bits()
+        } else {
+            0
+        })
+    }
+}
+
 /// Programs waiting for admission, in restore order.
 #[derive(Debug, Default)]
 pub struct WaitingQueue {
     set: BTreeSet<Key>,
     keys: HashMap<ProgramId, Key>,
-    /// The same programs in arrival order (`seq`), with their enqueue time:
-    /// the oldest first, for bounded waiting.
-    fifo: BTreeSet<(u64, ProgramId)>,
+    /// The same programs oldest first (by the time they are queued since,
+    /// then arrival order `seq`), for bounded waiting.
+    fifo: BTreeSet<(Since, u64, ProgramId)>,
     enqueued_at: HashMap<ProgramId, (f64, u64)>,
     /// Admissions so far: an entry queued when this was `a` has been
     /// overtaken `admitted − a` times (minus its own group's).
@@ -67,12 +83,16 @@ impl WaitingQueue {
         self.keys.contains_key(&p)
     }
 
-    /// Enqueues `p` (no-op if already queued).
-    pub fn push(&mut self, p: ProgramId, class: QueueClass, context_tokens: usize, now: f64) {
+    /// Enqueues `p`, waiting since `since` (no-op if already queued): the
+    /// time it joins the queue, or, for a program paused mid-request, when
+    /// that request arrived, so a preempted request keeps its place (its
+    /// age for aging, the waiting bound and the oldest-first order) as
+    /// vLLM puts a preempted request back at the head of its queue.
+    pub fn push(&mut self, p: ProgramId, class: QueueClass, context_tokens: usize, since: f64) {
         if self.keys.contains_key(&p) {
             return;
         }
-        let score = (context_tokens as f64 + self.aging_tokens_per_s * now) * 1000.0;
+        let score = (context_tokens as f64 + self.aging_tokens_per_s * since) * 1000.0;
         let key = Key {
             class,
             score: score as i64,
@@ -82,8 +102,8 @@ impl WaitingQueue {
         self.next_seq += 1;
         self.set.insert(key);
         self.keys.insert(p, key);
-        self.fifo.insert((key.seq, p));
-        self.enqueued_at.insert(p, (now, self.admitted));
+        self.fifo.insert((Since::of(since), key.seq, p));
+        self.enqueued_at.insert(p, (since, self.admitted));
     }
 
     /// Removes `p` because it was admitted: every entry still queued was
@@ -99,8 +119,9 @@ impl WaitingQueue {
     pub fn remove(&mut self, p: ProgramId) -> bool {
         match self.keys.remove(&p) {
             Some(k) => {
-                self.fifo.remove(&(k.seq, p));
-                self.enqueued_at.remove(&p);
+                if let Some((since, _)) = self.enqueued_at.remove(&p) {
+                    self.fifo.remove(&(Since::of(since), k.seq, p));
+                }
                 self.set.remove(&k)
             }
             None => false,
@@ -109,7 +130,7 @@ impl WaitingQueue {
 
     /// Every queued program, oldest first.
     pub fn by_arrival(&self) -> impl Iterator<Item = ProgramId> + '_ {
-        self.fifo.iter().map(|&(_, p)| p)
+        self.fifo.iter().map(|&(_, _, p)| p)
     }
 
     /// Programs queued at or before `t`, or passed over by at least
@@ -174,6 +195,23 @@ mod tests {
         q.remove(ProgramId(1));
         assert_eq!(q.enqueued_at(ProgramId(2)), Some(2.0));
         assert_eq!(q.enqueued_at(ProgramId(1)), None);
+    }
+
+    #[test]
+    fn a_preempted_request_keeps_its_place() {
+        let mut q = WaitingQueue::new(0.0);
+        q.push(ProgramId(1), QueueClass::Restore, 10, 5.0);
+        q.push(ProgramId(2), QueueClass::Restore, 10, 6.0);
+        // Paused at 7 s mid-request, its request having arrived at 3 s.
+        q.push(ProgramId(3), QueueClass::Restore, 10, 3.0);
+        let oldest: Vec<u64> = q.by_arrival().map(|p| p.0).collect();
+        assert_eq!(oldest, vec![3, 1, 2]);
+        let overdue: Vec<u64> = q.overdue(4.0, u64::MAX).map(|p| p.0).collect();
+        assert_eq!(overdue, vec![3]);
+        assert_eq!(q.enqueued_at(ProgramId(3)), Some(3.0));
+        assert!(q.remove(ProgramId(3)));
+        assert_eq!(q.by_arrival().next(), Some(ProgramId(1)));
+        assert_eq!(q.overdue(4.0, u64::MAX).count(), 0);
     }
 
     #[test]

@@ -154,6 +154,47 @@ impl ProgramScheduler {
             .sum()
     }
 
+    /// The share of `r`'s pool admissions may fill. The band between λmin
+    /// and λmax is room left for residents' growth (a tool's output,
+    /// decoded tokens), so that it pauses no one; a pause is dear when it
+    /// drops a context to recompute, cheap when the host tier keeps it. So
+    /// the band is closed (the ceiling is λmax) while the tier holds,
+    /// besides the contexts parked there, a band's worth more within
+    /// [`HOST_KEEP_FRACTION`]: growth then pauses acting programs into the
+    /// tier, and the fuller pool decodes larger batches. Open, the pool ran
+    /// 0.94 full against the request policy's 0.99 and took 4.2% more
+    /// engine steps for the same tokens (`agentd simulate` toolorch, 96
+    /// programs, H100, 3.46M-token tier: 169.4 steps/min against 170.4).
+    /// Closing it everywhere (λmin 1.0) cost where the tier fills: swe at
+    /// 192 programs p99 64.8 -> 82.7 s (520k tokens recomputed against
+    /// 170k), and the CPU long cell with a one-pool tier 134.1 -> 124.2
+    /// steps/min (`cpu-avx512`, 48 programs; `cpu-avx2` 110.5 -> 101.2).
+    ///
+    /// Measuring the parked contexts walks every program, so the ceiling
+    /// is cached for `demand_refresh_s`, as the demand is: measured at
+    /// every decision it doubled the scheduling time per step at 192
+    /// programs (352 -> 789 µs, swe).
+    pub(crate) fn admission_ceiling(&mut self, r: usize, now: f64, mem: &dyn Memory) -> f64 {
+        let (lo, hi) = (self.cfg.lambda_min, self.cfg.lambda_max);
+        if lo >= hi || mem.host_capacity(r) == 0 {
+            return lo;
+        }
+        match self.ceiling.get(r) {
+            Some(&(c, at)) if now - at <= self.cfg.demand_refresh_s => return c,
+            None => return lo,
+            _ => {}
+        }
+        let band = (hi - lo) * mem.capacity(r) as f64;
+        let room = HOST_KEEP_FRACTION * mem.host_capacity(r) as f64;
+        let c = if self.parked_blocks(r, mem) + band <= room {
+            hi
+        } else {
+            lo
+        };
+        self.ceiling[r] = (c, now);
+        c
+    }
+
     /// Whether `l`'s host tier keeps what pausing `victims` parks, once
     /// `unit`'s members parked on `l` leave it.
     pub(crate) fn tier_keeps(

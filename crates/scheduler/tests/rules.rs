@@ -316,8 +316,11 @@ fn paused_reasoning_program_requeues_its_request_and_is_restored() {
     admit_all(&mut eng, 0, &[(1, 10), (2, 30)]);
     assert!(eng.decode(pid(2), 40 * BS));
     // D = 10 + 70 + 2 = 82 > 80 → pause 1 (shortest reasoning) → 71.
+    eng.now = 0.5;
     let d = eng.step(0);
     assert_eq!(ids(&d.paused()), vec![1]);
+    // Paused mid-request, it waits from when that request arrived (0 s).
+    assert_eq!(eng.policy.queue().enqueued_at(pid(1)), Some(0.0));
     assert!(d.admit.is_empty(), "71 + 11 > 70");
     let i = info(&eng, 1);
     assert_eq!(

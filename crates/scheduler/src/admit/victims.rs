@@ -174,7 +174,7 @@ impl ProgramScheduler {
         if order.is_empty() {
             return None;
         }
-        let left = self.cfg.lambda_min * mem.capacity(l) as f64 - room.tentative[l];
+        let left = room.left(l, mem);
         let total: f64 = order.iter().map(|v| v.1).sum();
         // Pausing every active program of `l` empties it, and an empty
         // replica takes any unit its pool holds.
