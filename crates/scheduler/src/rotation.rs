@@ -185,8 +185,7 @@ impl ProgramScheduler {
             _ => {}
         }
         let band = (hi - lo) * mem.capacity(r) as f64;
-        let room = HOST_KEEP_FRACTION * mem.host_capacity(r) as f64;
-        let c = if self.parked_blocks(r, mem) + band <= room {
+        let c = if self.parked_blocks(r, mem) + band <= Self::parking_room(r, mem) {
             hi
         } else {
             lo
@@ -211,7 +210,14 @@ impl ProgramScheduler {
             .map(|m| self.parked_size(l, *m, mem))
             .sum();
         let parking: f64 = victims.map(|v| self.parked_size(l, v, mem)).sum();
-        parked - leaving + parking <= HOST_KEEP_FRACTION * mem.host_capacity(l) as f64
+        parked - leaving + parking <= Self::parking_room(l, mem)
+    }
+
+    /// Blocks of `l`'s host tier that parked contexts may fill
+    /// ([`HOST_KEEP_FRACTION`] of it): the one bound both the tier gate
+    /// and the admission ceiling read.
+    fn parking_room(l: usize, mem: &dyn Memory) -> f64 {
+        HOST_KEEP_FRACTION * mem.host_capacity(l) as f64
     }
 }
 
