@@ -73,11 +73,26 @@ bench_arm() { # NAME PORT CONC JSON LOG
   BENCHED=$!
 }
 
+# PID's CPU time (utime + stime, clock ticks): "0 process TICKS" for the
+# whole process, exited threads included (the per-step KV copy threads end
+# with their step), then "TID NAME TICKS" per live thread
+# (benches/lib/pair_metrics.py).
+thread_cpu() { # PID
+  local t stat name
+  awk '{ sub(/^.*\) /, ""); print 0, "process", $12 + $13 }' "/proc/$1/stat" || return 1
+  for t in /proc/"$1"/task/*; do
+    # A thread may end between the glob and the reads (a KV copy thread).
+    stat=$(cat "$t/stat" 2>/dev/null) || continue
+    name=$(cat "$t/comm" 2>/dev/null) || continue
+    printf '%s %s %s\n' "${t##*/}" "${name// /_}" "$(echo "${stat##*) }" | awk '{ print $12 + $13 }')"
+  done
+}
+
 # Both servers' /metrics every METRICS_EVERY s through the benches' measured
 # window (the first snapshot at its start, the last at its end), into
 # $METRICS/c<N>-pass<P>-<arm>-<i>.prom for benches/lib/pair_metrics.py.
 scrape_window() { # CONC PASS
-  local c=$1 p=$2 i=0 end left arm port
+  local c=$1 p=$2 i=0 end left arm port pid
   sleep "$WARMUP"
   end=$((SECONDS + ${DURATION%.*}))
   while :; do
@@ -86,6 +101,10 @@ scrape_window() { # CONC PASS
       [ "$arm" = b ] && port=$PORT_B
       curl -sf -m 5 "http://127.0.0.1:$port/metrics" >"$METRICS/c$c-pass$p-$arm-$i.prom" ||
         rm -f "$METRICS/c$c-pass$p-$arm-$i.prom"
+      pid=$PID_A
+      [ "$arm" = b ] && pid=$PID_B
+      thread_cpu "$pid" >"$METRICS/c$c-pass$p-$arm-$i.threads" ||
+        rm -f "$METRICS/c$c-pass$p-$arm-$i.threads"
     done
     i=$((i + 1))
     left=$((end - SECONDS))
@@ -123,6 +142,7 @@ pass() { # PASS CORES_OF_A CORES_OF_B
   sa=$SERVED
   serve_pinned "$PORT_B" "$cb" "$WORK/b-pass$p.log" "$B_FLAGS" "$B_AGENTD"
   sb=$SERVED
+  PID_A=$sa PID_B=$sb
   IFS=, read -r -a levels <<<"$CONC"
   for c in "${levels[@]}"; do measure "$c" "$p" "$ca" "$cb"; done
   stop_tree "$sa"

@@ -15,6 +15,12 @@ how many steps a request's decode takes, which is how many sequences each
 step decodes (`decoders/step`, generated tokens per step) and so how much
 of the KV pool holds running programs (`KV used`, `running`). Within a
 pass the arms run on different cores, so compare the mean of the passes.
+
+The second table splits each server's CPU time over the window by thread
+(c<N>-pass<P>-<arm>-<seq>.threads, pair.sh's thread_cpu): with one core
+per server, anything besides the forward's kernel thread (tier copies,
+planning, sampling, HTTP) is time the forward did not get.
+(`pair-threads-gqa1-long-48/`: 190 of 196 s forward in both arms.)
 Stdlib only.
 """
 import glob
@@ -34,6 +40,7 @@ COUNTERS = {
     "hits": "vllm:prefix_cache_hits_total",
     "pauses": "agentd:program_pauses_total",
     "onloaded": "agentd:kv_onloaded_blocks_total",
+    "offloaded": "agentd:kv_offloaded_blocks_total",
 }
 GAUGES = {
     "running": "vllm:num_requests_running",
@@ -71,14 +78,90 @@ def summary(snaps):
         "hit": dc["hits"] / dc["queries"] if dc["queries"] else float("nan"),
         "pauses": dc["pauses"],
         "onloaded": dc["onloaded"],
+        "offloaded": dc["offloaded"],
         **g,
     }
+
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def threads(d, c, p, arm):
+    """The first and the last thread-CPU snapshot of the window
+    (pair.sh's thread_cpu: "TID NAME TICKS" lines, TID 0 the process)."""
+    pat = re.compile(rf"c{c}-pass{p}-{arm}-(\d+)\.threads$")
+    files = sorted((int(m.group(1)), f) for f in glob.glob(f"{d}/*.threads")
+                   if (m := pat.search(os.path.basename(f))))
+    if len(files) < 2:
+        return None
+
+    def read(path):
+        out = {}
+        with open(path) as f:
+            for line in f:
+                tid, name, ticks = line.split()
+                out[int(tid)] = (name, int(ticks))
+        return out
+
+    return read(files[0][1]), read(files[-1][1])
+
+
+def group(name):
+    """Thread names (as /proc truncates them, 15 bytes) as the table
+    groups them: the forward runs on the kernels' threads (`agentd-rR-tT`),
+    the replica's own thread plans steps and samples."""
+    if re.fullmatch(r"agentd-r\d+-t\d+", name):
+        return "forward kernels"
+    for prefix, g in (("agentd-replica", "replica (plan, sample)"),
+                      ("tokio-r", "tokio (HTTP)"),
+                      ("agentd-kveven", "kv events")):
+        if name.startswith(prefix):
+            return g
+    return "other live threads"
+
+
+def cpu_split(snap):
+    """CPU seconds over the window by thread group. Threads that ended
+    within it (the per-step KV copy threads) are the process's total less
+    the live threads'."""
+    first, last = snap
+    total = (last[0][1] - first.get(0, ("", 0))[1]) / TICKS_PER_S
+    split = {}
+    for tid, (name, ticks) in last.items():
+        if tid == 0:
+            continue
+        before = first.get(tid, (name, 0))[1]
+        g = group(name)
+        split[g] = split.get(g, 0.0) + (ticks - before) / TICKS_PER_S
+    split["ended threads (KV copies)"] = total - sum(split.values())
+    return total, split
+
+
+def print_cpu(d, names, conc):
+    rows = []
+    for c in conc.split(","):
+        for p in (1, 2):
+            for arm in ("a", "b"):
+                snap = threads(d, c, p, arm)
+                if snap is not None:
+                    rows.append((c, p, names[arm], *cpu_split(snap)))
+    if not rows:
+        return
+    groups = sorted({g for *_, split in rows for g in split})
+    print()
+    print("CPU seconds over the window by thread (`/proc/PID/task`; each server has one core):")
+    print()
+    print("| programs | pass | arm | process | " + " | ".join(groups) + " |")
+    print("|---:|---:|---|---:|" + "---:|" * len(groups))
+    for c, p, arm, total, split in rows:
+        cells = " | ".join(f"{split.get(g, 0.0):.1f}" for g in groups)
+        print(f"| {c} | {p} | {arm} | {total:.1f} | {cells} |")
 
 
 def main():
     d, names, conc = sys.argv[1], {"a": sys.argv[2], "b": sys.argv[3]}, sys.argv[4]
     print("| programs | pass | arm | finished | decoders/step | forward s/step | KV used | running / waiting "
-          "| prefill tokens/finished | forward s/finished | prefix hit | pauses | blocks onloaded |")
+          "| prefill tokens/finished | forward s/finished | prefix hit | pauses | blocks offloaded / onloaded |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in conc.split(","):
         for p in (1, 2):
@@ -90,7 +173,8 @@ def main():
                 print(f"| {c} | {p} | {names[arm]} | {s['finished']:.0f} | {s['decoders']:.1f} "
                       f"| {s['step_s']:.3f} | {s['kv']:.3f} | {s['running']:.1f} / {s['waiting']:.1f} "
                       f"| {s['prefill']:.0f} | {s['fwd_per_fin']:.3f} | {s['hit']:.4f} "
-                      f"| {s['pauses']:.0f} | {s['onloaded']:.0f} |")
+                      f"| {s['pauses']:.0f} | {s['offloaded']:.0f} / {s['onloaded']:.0f} |")
+    print_cpu(d, names, conc)
 
 
 if __name__ == "__main__":
