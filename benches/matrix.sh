@@ -13,6 +13,13 @@
 # 1), qwen3-bench-gqa4-hd128 (GQA 4, head dim 128). Workloads: swe (the
 # preset scaled as in agentic.sh) and long (1-2k-token tasks, 512-token tool
 # outputs, 32-64 output tokens a turn). Never run in CI.
+#
+# PAIRED=1: each cell is a benches/pair.sh run instead (program with
+# default flags against `--scheduler request`, both at once on their own
+# core, swapped in a second pass), into $OUT/<card>-<workload>/, and
+# $OUT/matrix.md is benches/lib/matrix_pairs.py's table. Twice the time
+# per level, but each ratio is taken at one moment: one after the other on
+# these VMs the second arm ran 5-12% slower whichever it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benches/results/matrix}
@@ -37,11 +44,27 @@ for card in $CARDS; do
       *) echo "unknown workload $w" >&2; exit 2 ;;
     esac
     echo "== $shape x $w (concurrency $CONC)"
+    if [ "${PAIRED:-0}" = 1 ]; then
+      env "${env_w[@]}" CARD="$card" MODEL_DIR="/var/tmp/agentd-matrix/$shape" WORK=/var/tmp/agentd-matrix \
+        OUT="$OUT" RESULT_NAME="$shape-$w" CONC="$CONC" DURATION="$DURATION" WARMUP="$WARMUP" \
+        A_NAME=program B_NAME=request B_FLAGS="--scheduler request" benches/pair.sh
+      continue
+    fi
     env "${env_w[@]}" CARD="$card" MODEL_DIR="/var/tmp/agentd-matrix/$shape" WORK=/var/tmp/agentd-matrix \
       OUT="$cell" CONC="$CONC" DURATION="$DURATION" WARMUP="$WARMUP" \
       benches/agentic.sh "${extra[@]}"
   done
 done
+# ratio.svg: program / request of every cell and level.
+ratio_plot() { # HOW
+  python3 benches/lib/matrix_ratio.py "$OUT" "program / request, default flags, $1 ($(cpu_model))" \
+    >"$OUT/ratio.svg"
+}
+if [ "${PAIRED:-0}" = 1 ]; then
+  python3 benches/lib/matrix_pairs.py "$OUT" | tee "$OUT/matrix.md"
+  ratio_plot "both at once"
+  exit 0
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -68,3 +91,4 @@ for f in sorted(out.glob("*/agentic.json")):
 (out / "matrix.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
+ratio_plot "one after the other"
