@@ -10,15 +10,11 @@ are the means of the passes. "Of own peak" is the program policy's rate
 at this concurrency over its best in the cell. Stdlib only.
 """
 import glob
-import json
 import os
 import re
 import sys
 
-
-def row(path):
-    with open(path) as f:
-        return json.load(f)["rows"][0]
+from pair_report import row
 
 
 def hit(r):
@@ -33,12 +29,12 @@ def cell_rows(d):
         passes = [(row(f"{d}/c{c}-pass{p}-a.json"), row(f"{d}/c{c}-pass{p}-b.json")) for p in (1, 2)
                   if os.path.exists(f"{d}/c{c}-pass{p}-b.json")]
         mean = lambda f: sum(f(a, b) for a, b in passes) / len(passes)
+        ratios = [a["steps_per_min"] / b["steps_per_min"] if b["steps_per_min"] else float("nan")
+                  for a, b in passes]
         out.append({
             "c": c,
-            "ratio": mean(lambda a, b: a["steps_per_min"] / b["steps_per_min"]
-                          if b["steps_per_min"] else float("nan")),
-            "passes": [a["steps_per_min"] / b["steps_per_min"] if b["steps_per_min"] else float("nan")
-                       for a, b in passes],
+            "ratio": sum(ratios) / len(ratios),
+            "passes": ratios,
             "prog": mean(lambda a, b: a["steps_per_min"]),
             "req": mean(lambda a, b: b["steps_per_min"]),
             "hit": mean(lambda a, b: hit(a)),

@@ -54,11 +54,16 @@ def parse(path):
         return families(f.read())
 
 
-def snapshots(d, c, p, arm):
-    pat = re.compile(rf"c{c}-pass{p}-{arm}-(\d+)\.prom$")
-    files = [(int(m.group(1)), f) for f in glob.glob(f"{d}/*.prom")
+def window_files(d, c, p, arm, ext):
+    """The window's c<N>-pass<P>-<arm>-<seq>.<ext> files, in scrape order."""
+    pat = re.compile(rf"c{c}-pass{p}-{arm}-(\d+)\.{ext}$")
+    files = [(int(m.group(1)), f) for f in glob.glob(f"{d}/*.{ext}")
              if (m := pat.search(os.path.basename(f)))]
-    return [parse(f) for _, f in sorted(files)]
+    return [f for _, f in sorted(files)]
+
+
+def snapshots(d, c, p, arm):
+    return [parse(f) for f in window_files(d, c, p, arm, "prom")]
 
 
 def summary(snaps):
@@ -89,9 +94,7 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 def threads(d, c, p, arm):
     """The first and the last thread-CPU snapshot of the window
     (pair.sh's thread_cpu: "TID NAME TICKS" lines, TID 0 the process)."""
-    pat = re.compile(rf"c{c}-pass{p}-{arm}-(\d+)\.threads$")
-    files = sorted((int(m.group(1)), f) for f in glob.glob(f"{d}/*.threads")
-                   if (m := pat.search(os.path.basename(f))))
+    files = window_files(d, c, p, arm, "threads")
     if len(files) < 2:
         return None
 
@@ -103,7 +106,7 @@ def threads(d, c, p, arm):
                 out[int(tid)] = (name, int(ticks))
         return out
 
-    return read(files[0][1]), read(files[-1][1])
+    return read(files[0]), read(files[-1])
 
 
 def group(name):
