@@ -272,10 +272,14 @@ impl SchedulerConfig {
     ///   65,536-token pool, 524,288-token tier, 3,600 s after 1,800 s):
     ///   at 48 / 96 programs x = 2 gave avx512 155.7-155.9 / 152.7-152.8
     ///   steps/min against 155.7 / 152.7 without (Δ 1 s and 10 s), avx2
-    ///   129.0-129.1 / 129.2-129.4 against 129.0 / 129.5, and seeds 2-3
-    ///   within 0.2% too (benches/results/sim-decay-tier): the CPU step
-    ///   is compute-bound and a decoder more a step saves only its share
-    ///   of the 13 ms weight stream. So no decay with a tier either.
+    ///   129.0-129.1 / 129.2-129.4 against 129.0 / 129.5, seeds 2-3
+    ///   within 0.2% too, and the H100 preset (3.46M-token tier, 96
+    ///   programs) swe 268.3 against 267.9, toolorch 170.2 against 170.2
+    ///   (benches/results/sim-decay-tier), with more recomputed: with
+    ///   the contexts in the tier the step's compute bounds what a lent
+    ///   block buys (on the CPU a decoder more a step saves only its
+    ///   share of the 13 ms weight stream). So no decay with a tier
+    ///   either.
     /// * λmin = 0.95 (the first design: 0.9): the narrower band keeps
     ///   replicas' usage within a few percent of each other. On the CPU
     ///   benchmark's 65,536-token pool it also ran faster with a shorter
