@@ -16,7 +16,14 @@ step decodes (`decoders/step`, generated tokens per step) and so how much
 of the KV pool holds running programs (`KV used`, `running`). Within a
 pass the arms run on different cores, so compare the mean of the passes.
 
-The second table splits each server's CPU time over the window by thread
+Where the servers export what their forwards computed
+(`agentd:step_decode_context_tokens_total`, `..._prefill_attention_pairs_
+total`), a table of forward µs per planned token against context per
+decode row and pairs per prefill token tells a dearer token from a
+longer one (`pair-work-swe-48-avx2/`: the same contexts, the µs
+following the core).
+
+The last table splits each server's CPU time over the window by thread
 (c<N>-pass<P>-<arm>-<seq>.threads, pair.sh's thread_cpu): with one core
 per server, anything besides the forward's kernel thread (tier copies,
 planning, sampling, HTTP) is time the forward did not get.
@@ -41,6 +48,8 @@ COUNTERS = {
     "pauses": "agentd:program_pauses_total",
     "onloaded": "agentd:kv_onloaded_blocks_total",
     "offloaded": "agentd:kv_offloaded_blocks_total",
+    "decode_ctx": "agentd:step_decode_context_tokens_total",
+    "pairs": "agentd:step_prefill_attention_pairs_total",
 }
 GAUGES = {
     "running": "vllm:num_requests_running",
@@ -84,6 +93,15 @@ def summary(snaps):
         "pauses": dc["pauses"],
         "onloaded": dc["onloaded"],
         "offloaded": dc["offloaded"],
+        # What the forward computed (servers from 2026-12-07 on export the
+        # sums; 0 before): forward time per planned token, the mean context
+        # a decode row read (a request's first token is sampled by its
+        # prefill, so decode rows are generated tokens less finished
+        # requests) and attention pairs per prefill token.
+        "us_per_token": 1e6 * dc["fwd_s"] / max(dc["batch"], 1.0),
+        "ctx_per_row": dc["decode_ctx"] / max(dc["gen"] - dc["finished"], 1.0),
+        "pairs_per_prefill": dc["pairs"] / max(dc["batch"] - dc["gen"], 1.0),
+        "has_work": dc["decode_ctx"] > 0,
         **g,
     }
 
@@ -166,6 +184,7 @@ def main():
     print("| programs | pass | arm | finished | decoders/step | forward s/step | KV used | running / waiting "
           "| prefill tokens/finished | forward s/finished | prefix hit | pauses | blocks offloaded / onloaded |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    sums = []
     for c in conc.split(","):
         for p in (1, 2):
             for arm in ("a", "b"):
@@ -173,11 +192,32 @@ def main():
                 if s is None:
                     print(f"| {c} | {p} | {names[arm]} | (fewer than 2 snapshots) |||||||||")
                     continue
+                sums.append((c, p, names[arm], s))
                 print(f"| {c} | {p} | {names[arm]} | {s['finished']:.0f} | {s['decoders']:.1f} "
                       f"| {s['step_s']:.3f} | {s['kv']:.3f} | {s['running']:.1f} / {s['waiting']:.1f} "
                       f"| {s['prefill']:.0f} | {s['fwd_per_fin']:.3f} | {s['hit']:.4f} "
                       f"| {s['pauses']:.0f} | {s['offloaded']:.0f} / {s['onloaded']:.0f} |")
+    print_work(sums)
     print_cpu(d, names, conc)
+
+
+def print_work(sums):
+    """Forward time against what it computed (`sums`: main's (conc, pass,
+    arm, summary) rows), where the servers export the sums: at the same
+    tokens a step, a dearer token is longer contexts read (attention) or
+    the same contexts read slower."""
+    rows = [r for r in sums if r[3]["has_work"]]
+    if not rows:
+        return
+    print()
+    print("What the forward computed over the window:")
+    print()
+    print("| programs | pass | arm | forward µs / planned token | context tokens / decode row "
+          "| attention pairs / prefill token |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for c, p, arm, s in rows:
+        print(f"| {c} | {p} | {arm} | {s['us_per_token']:.0f} | {s['ctx_per_row']:.0f} "
+              f"| {s['pairs_per_prefill']:.0f} |")
 
 
 if __name__ == "__main__":

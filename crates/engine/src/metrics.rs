@@ -145,6 +145,11 @@ pub struct MetricsSnapshot {
     pub programs: Vec<(&'static str, &'static str, usize)>,
     pub restores: u64,
     pub recomputed_tokens: u64,
+    /// What the steps that ran a forward computed, summed
+    /// (`agentd_scheduler::CoreStats`): context tokens read by decode
+    /// rows, and prefill attention pairs.
+    pub decode_context_tokens: u64,
+    pub prefill_attention_pairs: u64,
     /// Blocks copied to the host tier, and back, so far; host slots in use
     /// and in all (0 without a host tier).
     pub kv_offloaded_blocks: u64,
@@ -228,6 +233,7 @@ impl Core {
         decode.add_decode(1024);
         decode.rows = 1;
         let fit_decode_step_s = rates.predict(&decode).unwrap_or(0.0);
+        let core = self.replicas.stats();
         let metrics = MetricsSnapshot {
             counters: self.counters.clone(),
             num_requests_running: self.num_running(),
@@ -239,7 +245,9 @@ impl Core {
             num_gpu_blocks: self.cfg.num_blocks,
             programs,
             restores: stats.restores,
-            recomputed_tokens: self.replicas.stats().recomputed_tokens,
+            recomputed_tokens: core.recomputed_tokens,
+            decode_context_tokens: core.decode_context_tokens,
+            prefill_attention_pairs: core.prefill_attention_pairs,
             kv_offloaded_blocks: offloaded,
             kv_onloaded_blocks: onloaded,
             host_blocks_used: host_used,

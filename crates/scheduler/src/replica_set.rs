@@ -119,6 +119,15 @@ pub struct CoreStats {
     /// Every pause applied, by cause (the one count of them: the engine's
     /// metrics and trace and the simulator read it).
     pub pauses: PauseCounts,
+    /// Context tokens read by decoding sequences, summed over the steps
+    /// that ran a forward ([`StepWork::decode_context`]). Over the decode
+    /// tokens it is the mean context a decode row attends over: what tells
+    /// a dearer forward token from a longer one when two runs' forward
+    /// time per token differ (`benches/lib/pair_metrics.py`).
+    pub decode_context_tokens: u64,
+    /// Attention (query, key) pairs of prefill chunks over the same steps
+    /// ([`StepWork::prefill_pairs`], rounded).
+    pub prefill_attention_pairs: u64,
 }
 
 /// The replicas, their KV caches and running sets, and the policy.
@@ -279,6 +288,8 @@ impl<P: Policy> ReplicaSet<P> {
     /// A step of `r` that computed `work` took `seconds`.
     pub(crate) fn observe_step(&mut self, r: usize, work: &StepWork, seconds: f64) {
         self.rates[r].observe(work, seconds);
+        self.stats.decode_context_tokens += work.decode_context as u64;
+        self.stats.prefill_attention_pairs += work.prefill_pairs.round() as u64;
     }
 
     /// A request of `p` arrived (its context is in `ctx`); it starts at once

@@ -220,3 +220,49 @@ fn a_new_program_waits_while_the_queued_prefill_would_take_too_long() {
         );
     }
 }
+
+/// `CoreStats` sums what every step that ran a forward computed (the
+/// engine's `/metrics` exports the sums), and a step finished without a
+/// forward adds nothing.
+#[test]
+fn core_stats_sum_the_work_of_finished_steps() {
+    let (mut core, mut ctx) = (set(config(0.95, 1.0), 1024), Ctx::default());
+    for d in 1..=3 {
+        ctx.grow(pid(d), 100 + 200 * d as usize);
+        core.on_request(pid(d), 0.0, &ctx);
+    }
+    let (mut pairs, mut context, mut decoded) = (0.0f64, 0u64, 0usize);
+    let mut now = 0.0;
+    for _ in 0..10 {
+        let mut step = core.begin_step(0, now, &ctx).expect("no step open");
+        let (plan, _) = step.plan(&mut core, 512, &ctx).expect("planned");
+        for s in &plan.seqs {
+            let toks = ctx.tokens[&s.program][s.num_computed..s.num_computed + s.num_new].to_vec();
+            step.commit(&mut core, s.program, &toks).expect("slots");
+            if s.wants_logits {
+                ctx.grow(s.program, 1);
+                *ctx.generated.entry(s.program).or_default() += 1;
+            }
+        }
+        let w = *step.work();
+        pairs += w.prefill_pairs.round();
+        context += w.decode_context as u64;
+        decoded += plan.seqs.iter().filter(|s| s.decoding).count();
+        now += seconds(&w);
+        step.finish(&mut core, Some(seconds(&w)))
+            .expect("invariants hold");
+    }
+    assert!(
+        decoded > 0 && pairs > 0.0,
+        "the steps decoded ({decoded}) and prefilled ({pairs} pairs)"
+    );
+    let stats = core.stats();
+    assert_eq!(stats.prefill_attention_pairs, pairs as u64);
+    assert_eq!(stats.decode_context_tokens, context);
+    // The three contexts (300, 500, 700 tokens) were decoding: each row
+    // read at least its prompt.
+    assert!(context >= 300 * decoded as u64);
+    let step = core.begin_step(0, now, &ctx).expect("no step open");
+    step.finish(&mut core, None).expect("invariants hold");
+    assert_eq!(core.stats(), stats);
+}
