@@ -60,14 +60,14 @@ fn seconds(w: &StepWork) -> f64 {
 
 /// Runs one step at `now` under `budget`: plans, commits every planned
 /// sequence (a sequence reaching its context's end samples a token, which
-/// joins its context), finishes with the modelled time. Returns the plan
-/// and that time.
+/// joins its context), finishes with the modelled time. Returns the plan,
+/// that time and the step's work.
 fn step(
     core: &mut ReplicaSet<ProgramScheduler>,
     ctx: &mut Ctx,
     now: f64,
     budget: usize,
-) -> (StepPlan, f64) {
+) -> (StepPlan, f64, StepWork) {
     let mut step = core.begin_step(0, now, ctx).expect("no step open");
     let (plan, _) = step.plan(core, budget, ctx).expect("planned");
     for s in &plan.seqs {
@@ -78,9 +78,10 @@ fn step(
             *ctx.generated.entry(s.program).or_default() += 1;
         }
     }
-    let dt = seconds(step.work());
+    let work = *step.work();
+    let dt = seconds(&work);
     step.finish(core, Some(dt)).expect("invariants hold");
-    (plan, dt)
+    (plan, dt, work)
 }
 
 fn prefill_tokens(plan: &StepPlan) -> usize {
@@ -112,7 +113,7 @@ fn the_fit_caps_prefill_chunks_while_decoding() {
                 core.on_request(pid(next), now, &ctx);
                 next += 1;
             }
-            let (plan, dt) = step(&mut core, &mut ctx, now, 2048);
+            let (plan, dt, _) = step(&mut core, &mut ctx, now, 2048);
             now += dt;
             // Eight tokens answer a turn; the program ends.
             let done: Vec<ProgramId> = ctx
@@ -234,23 +235,11 @@ fn core_stats_sum_the_work_of_finished_steps() {
     let (mut pairs, mut context, mut decoded) = (0.0f64, 0u64, 0usize);
     let mut now = 0.0;
     for _ in 0..10 {
-        let mut step = core.begin_step(0, now, &ctx).expect("no step open");
-        let (plan, _) = step.plan(&mut core, 512, &ctx).expect("planned");
-        for s in &plan.seqs {
-            let toks = ctx.tokens[&s.program][s.num_computed..s.num_computed + s.num_new].to_vec();
-            step.commit(&mut core, s.program, &toks).expect("slots");
-            if s.wants_logits {
-                ctx.grow(s.program, 1);
-                *ctx.generated.entry(s.program).or_default() += 1;
-            }
-        }
-        let w = *step.work();
+        let (plan, dt, w) = step(&mut core, &mut ctx, now, 512);
         pairs += w.prefill_pairs.round();
         context += w.decode_context as u64;
         decoded += plan.seqs.iter().filter(|s| s.decoding).count();
-        now += seconds(&w);
-        step.finish(&mut core, Some(seconds(&w)))
-            .expect("invariants hold");
+        now += dt;
     }
     assert!(
         decoded > 0 && pairs > 0.0,
