@@ -57,6 +57,11 @@ pub struct SimulateArgs {
     /// admitted and restored together; 1: no groups.
     #[arg(long, default_value_t = 1)]
     group_size: usize,
+    /// The first N programs join at a uniform turn of their plan, their
+    /// earlier turns in the first prompt as history no cache holds (as
+    /// `agentd bench --stationary-start`); not with --group-size > 1.
+    #[arg(long)]
+    stationary_start: bool,
     /// Check the KV pool invariants after every step (slow).
     #[arg(long)]
     check_invariants: bool,
@@ -111,6 +116,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             cfg.max_batched_tokens = args.max_batched_tokens;
             cfg.cost = args.cost.into();
             cfg.check_invariants = args.check_invariants;
+            cfg.stationary_start = args.stationary_start;
             let r =
                 agentd_sim::run(&cfg).with_context(|| format!("{policy} at concurrency {c}"))?;
             eprintln!(

@@ -13,11 +13,11 @@ use agentd_kv::{KvCache, ProgramId};
 use agentd_scheduler::{
     build_policy, Contexts, GroupId, Park, PauseCause, Policy, ReplicaSet, Started, ToolId,
 };
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::metrics::{percentile, Metrics};
-use crate::workload::{system_prompt, token_at, uniform};
+use crate::workload::{system_prompt, token_at, uniform, Workload};
 use crate::{RunResult, SimConfig, SimError};
 
 /// A program of the workload, with its full context (the engine's copy).
@@ -118,6 +118,11 @@ impl Simulation {
         if cfg.replicas == 0 || cfg.concurrency == 0 || cfg.block_size == 0 {
             return Err(SimError::Config(
                 "replicas, concurrency and block size must be positive".into(),
+            ));
+        }
+        if cfg.stationary_start && cfg.workload.group_size > 1 {
+            return Err(SimError::Config(
+                "a stationary start joins single programs mid-history, not rollout groups".into(),
             ));
         }
         let blocks = cfg.kv_tokens / cfg.block_size;
@@ -257,6 +262,9 @@ impl Simulation {
                 }
             }
             None => append_tokens(&mut prog, id, task),
+        }
+        if self.cfg.stationary_start && group.is_none() && id.0 < self.cfg.concurrency as u64 {
+            join_mid_history(&mut prog, id, w);
         }
         self.programs.insert(id, prog);
         self.request(id);
@@ -436,6 +444,29 @@ const GROUP_STREAMS: u64 = 1 << 40;
 
 fn group_rng(seed: u64, g: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed ^ (GROUP_STREAMS + g).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// A program of the first cohort under a stationary start (as `agentd
+/// bench --stationary-start` sends it): it joins at a turn uniform over its
+/// plan, the turns before it (generated tokens, then the tool's output) in
+/// its first prompt as history that no cache holds. Without it all N
+/// programs start at turn 0 as one cohort and a window an hour in still
+/// sees its rhythm: `long` at 96 programs, cpu-avx2, seeds 2-3, the request
+/// policy read 108 steps/min against the program policy's 130 after a
+/// cohort start and 129 against 129 after this one, the start the engine's
+/// paired cells run (benches/results/sim-stationary-start).
+fn join_mid_history(prog: &mut Prog, p: ProgramId, w: &Workload) {
+    let join = prog.rng.gen_range(0..prog.turns_left.max(1));
+    for _ in 0..join {
+        let gen = uniform(&mut prog.rng, w.gen_tokens);
+        let tool = w.tool_tokens.sample(&mut prog.rng) as usize;
+        // The history stops where `next_turn` would end the program.
+        if prog.context.len() + gen + tool + w.gen_tokens.1 > w.max_context {
+            break;
+        }
+        append_tokens(prog, p, gen + tool);
+        prog.turns_left = prog.turns_left.saturating_sub(1);
+    }
 }
 
 /// Appends `n` fresh tokens of `p`'s own stream to its context.

@@ -47,6 +47,9 @@ pub struct SimConfig {
     /// Token budget of one step (vLLM's `max_num_batched_tokens`).
     pub max_batched_tokens: usize,
     pub cost: StepCost,
+    /// The first `concurrency` programs join mid-history, at a turn uniform
+    /// over their plan (as `agentd bench --stationary-start`).
+    pub stationary_start: bool,
     /// Check the KV pool invariants after every step (slow on large pools).
     pub check_invariants: bool,
 }
@@ -66,6 +69,7 @@ impl SimConfig {
             block_size: 16,
             max_batched_tokens: 8192,
             cost: StepCost::default(),
+            stationary_start: false,
             check_invariants: cfg!(debug_assertions),
         }
     }

@@ -187,3 +187,39 @@ fn a_host_tier_turns_recompute_into_copies() {
         a.prefix_hit_rate
     );
 }
+
+/// A stationary start (`agentd bench --stationary-start`'s twin): the first
+/// cohort joins at uniform turns with its history unpaid, so programs near
+/// the end of their plan finish within the first minute (a swe program from
+/// turn 0 needs 30+ turns of ~2 s tools) and the first prompts are long.
+#[test]
+fn a_stationary_start_joins_programs_mid_history() {
+    let mut cfg = config(PolicyKind::Program, 8);
+    cfg.duration_s = 60.0;
+    cfg.warmup_s = 0.0;
+    cfg.check_invariants = true;
+    let cohort = run(&cfg).expect("runs");
+    cfg.stationary_start = true;
+    let joined = run(&cfg).expect("runs with a stationary start");
+    assert_eq!(cohort.programs_completed, 0, "{cohort:?}");
+    assert!(joined.programs_completed > 0, "{joined:?}");
+    // Histories are prefilled, not hit: less of each prompt is cached.
+    assert!(
+        joined.prefix_hit_rate < cohort.prefix_hit_rate,
+        "{} vs {}",
+        joined.prefix_hit_rate,
+        cohort.prefix_hit_rate
+    );
+    assert!(
+        joined.first_p50_s > cohort.first_p50_s,
+        "{joined:?} vs {cohort:?}"
+    );
+    let again = run(&cfg).expect("runs");
+    assert_eq!(deterministic(again), deterministic(joined));
+
+    cfg.workload.group_size = 4;
+    let err = run(&cfg)
+        .expect_err("groups do not join mid-history")
+        .to_string();
+    assert!(err.contains("stationary"), "{err}");
+}
