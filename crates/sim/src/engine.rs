@@ -263,7 +263,8 @@ impl Simulation {
             }
             None => append_tokens(&mut prog, id, task),
         }
-        if self.cfg.stationary_start && group.is_none() && id.0 < self.cfg.concurrency as u64 {
+        // `new` refuses a stationary start with groups: `group` is None here.
+        if self.cfg.stationary_start && id.0 < self.cfg.concurrency as u64 {
             join_mid_history(&mut prog, id, w);
         }
         self.programs.insert(id, prog);
@@ -278,7 +279,7 @@ impl Simulation {
             return;
         };
         let n = w.tool_tokens.sample(&mut prog.rng) as usize;
-        if prog.turns_left == 0 || prog.context.len() + n + w.gen_tokens.1 > w.max_context {
+        if prog.turns_left == 0 || w.ends_before(prog.context.len(), n) {
             let group = self.programs.get(&p).and_then(|q| q.group);
             self.terminate(p);
             self.metrics.programs_completed += u64::from(self.metrics.in_window(self.now));
@@ -461,7 +462,7 @@ fn join_mid_history(prog: &mut Prog, p: ProgramId, w: &Workload) {
         let gen = uniform(&mut prog.rng, w.gen_tokens);
         let tool = w.tool_tokens.sample(&mut prog.rng) as usize;
         // The history stops where `next_turn` would end the program.
-        if prog.context.len() + gen + tool + w.gen_tokens.1 > w.max_context {
+        if w.ends_before(prog.context.len() + gen, tool) {
             break;
         }
         append_tokens(prog, p, gen + tool);

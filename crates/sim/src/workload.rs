@@ -127,6 +127,13 @@ impl Workload {
         w
     }
 
+    /// Whether a program whose context is `context` tokens ends instead of
+    /// taking `tool` more tokens of tool output: its next prompt and the
+    /// longest answer would pass `max_context`.
+    pub fn ends_before(&self, context: usize, tool: usize) -> bool {
+        context + tool + self.gen_tokens.1 > self.max_context
+    }
+
     /// A turn's tool: its index in `tools` (None for the unnamed one) and
     /// its time.
     pub fn sample_tool(&self, rng: &mut ChaCha8Rng) -> (Option<usize>, f64) {
