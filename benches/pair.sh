@@ -19,6 +19,12 @@
 # A_AGENTD / B_AGENTD (default $AGENTD) give each arm its own binary, to
 # compare two builds (before and after a change) the same way.
 #
+# PASSES (default 2, even): more passes alternate the halves (odd passes as
+# pass 1, even as pass 2), for a ratio whose spread can be stated: passes
+# of one cell differed by 2-4% (pair-default/), so two passes cannot tell
+# 0.98x from 1.00x; the report gives the mean ratio with a 95% interval
+# from the passes' spread (benches/lib/pair_report.py).
+#
 # Writes $OUT/$RESULT_NAME/{README.md,c<N>.svg,c<N>-pass<P>-<arm>.json}; the
 # README ends with where each arm's time went, from both servers' /metrics
 # over the window (benches/lib/pair_metrics.py; snapshots in $WORK/metrics).
@@ -39,6 +45,7 @@ BENCH_FLAGS=${BENCH_FLAGS:-}
 PORT_A=${PORT_A:-18121}
 PORT_B=${PORT_B:-18122}
 METRICS_EVERY=${METRICS_EVERY:-10}
+PASSES=${PASSES:-2}
 ncpu=$(nproc)
 CORES_A=${CORES_A:-0-$((ncpu / 2 - 1))}
 CORES_B=${CORES_B:-$((ncpu / 2))-$((ncpu - 1))}
@@ -47,6 +54,10 @@ export RUST_LOG=${RUST_LOG:-warn,agentd::cmd::cpu=info}
 
 command -v taskset >/dev/null || { echo "pair.sh needs taskset (util-linux)" >&2; exit 1; }
 [ "$ncpu" -ge 2 ] || { echo "pair.sh needs at least 2 cores" >&2; exit 1; }
+case $PASSES in
+  *[!0-9]* | '' | 0) echo "PASSES must be a positive even number, got '$PASSES'" >&2; exit 1 ;;
+esac
+[ $((PASSES % 2)) -eq 0 ] || { echo "PASSES must be even (each core layout equally often), got $PASSES" >&2; exit 1; }
 need_agentd
 A_AGENTD=${A_AGENTD:-$AGENTD}
 B_AGENTD=${B_AGENTD:-$AGENTD}
@@ -150,8 +161,9 @@ pass() { # PASS CORES_OF_A CORES_OF_B
 }
 
 started=$(date -u +%FT%TZ)
-pass 1 "$CORES_A" "$CORES_B"
-pass 2 "$CORES_B" "$CORES_A"
+for p in $(seq 1 "$PASSES"); do
+  if [ $((p % 2)) -eq 1 ]; then pass "$p" "$CORES_A" "$CORES_B"; else pass "$p" "$CORES_B" "$CORES_A"; fi
+done
 kernels=$(kernel_path "$WORK/a-pass1.log" || true)
 
 python3 benches/lib/pair_report.py "$DIR" "$A_NAME" "$B_NAME" "$CONC" >"$DIR/table.md"
@@ -162,7 +174,7 @@ python3 benches/lib/pair_report.py "$DIR" "$A_NAME" "$B_NAME" "$CONC" >"$DIR/tab
   echo "agentd's CPU kernel path ${kernels:-unknown} (its start log). Binaries: $A_NAME $A_AGENTD, $B_NAME $B_AGENTD."
   echo
   echo "- $A_NAME: \`agentd serve ${A_FLAGS:-(defaults)}\`; $B_NAME: \`agentd serve ${B_FLAGS:-(defaults)}\`."
-  echo "- Pass 1: $A_NAME on cores $CORES_A, $B_NAME on $CORES_B; pass 2 swapped, fresh servers."
+  echo "- $PASSES passes, fresh servers each: odd passes $A_NAME on cores $CORES_A, $B_NAME on $CORES_B; even passes swapped."
   echo "- Model $CARD; KV $((KV_BLOCKS * BLOCK)) tokens ($KV_BLOCKS blocks of $BLOCK) for each server."
   echo "- Workload: $(workload_line). ${WARMUP} s warm-up, ${DURATION} s measured per level.${BENCH_FLAGS:+ Bench flags: $BENCH_FLAGS.}"
   echo

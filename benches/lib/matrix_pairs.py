@@ -4,9 +4,9 @@ stdout): one row per cell and concurrency, from each cell's pair.sh files.
 
 usage: matrix_pairs.py OUT
 OUT/<cell>/c<N>-pass<P>-{a,b}.json: arm a the program policy, b the
-request policy, both at once on their own core, swapped in pass 2. A
-ratio is the mean of the passes' same-moment ratios; rates, p50 and p99
-are the means of the passes. "Of own peak" is the program policy's rate
+request policy, both at once on their own core, swapped every other pass
+(pair.sh's PASSES). A ratio is the mean of the passes' same-moment ratios;
+rates, p50 and p99 are the means of the passes. "Of own peak" is the program policy's rate
 at this concurrency over its best in the cell. Stdlib only.
 """
 import glob
@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from pair_report import row
+from pair_report import passes as pass_numbers, row
 
 
 def hit(r):
@@ -26,8 +26,8 @@ def cell_rows(d):
                      if (m := re.search(r"/c(\d+)-pass1-a\.json$", f))})
     out = []
     for c in levels:
-        passes = [(row(f"{d}/c{c}-pass{p}-a.json"), row(f"{d}/c{c}-pass{p}-b.json")) for p in (1, 2)
-                  if os.path.exists(f"{d}/c{c}-pass{p}-b.json")]
+        passes = [(row(f"{d}/c{c}-pass{p}-a.json"), row(f"{d}/c{c}-pass{p}-b.json"))
+                  for p in pass_numbers(d, c) if os.path.exists(f"{d}/c{c}-pass{p}-b.json")]
         mean = lambda f: sum(f(a, b) for a, b in passes) / len(passes)
         ratios = [a["steps_per_min"] / b["steps_per_min"] if b["steps_per_min"] else float("nan")
                   for a, b in passes]

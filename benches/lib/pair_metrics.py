@@ -21,7 +21,11 @@ Where the servers export what their forwards computed
 total`), a table of forward µs per planned token against context per
 decode row and pairs per prefill token tells a dearer token from a
 longer one (`pair-work-swe-48-avx2/`: the same contexts, the µs
-following the core).
+following the core). Its last two columns are the mix of what finished
+(prompt and generated tokens per finished request): steps/min counts
+steps, so an arm whose window finished longer steps ran more work at the
+same rate (`pair-passes-swe-48-steady/`: 3.2-4.5% longer prompts in the
+program arm's two slowest passes).
 
 The last table splits each server's CPU time over the window by thread
 (c<N>-pass<P>-<arm>-<seq>.threads, pair.sh's thread_cpu): with one core
@@ -50,6 +54,7 @@ COUNTERS = {
     "offloaded": "agentd:kv_offloaded_blocks_total",
     "decode_ctx": "agentd:step_decode_context_tokens_total",
     "pairs": "agentd:step_prefill_attention_pairs_total",
+    "prompt": "vllm:prompt_tokens_total",
 }
 GAUGES = {
     "running": "vllm:num_requests_running",
@@ -69,6 +74,13 @@ def window_files(d, c, p, arm, ext):
     files = [(int(m.group(1)), f) for f in glob.glob(f"{d}/*.{ext}")
              if (m := pat.search(os.path.basename(f)))]
     return [f for _, f in sorted(files)]
+
+
+def passes(d, c):
+    """The pass numbers with snapshots of level `c` (pair.sh's PASSES), ascending."""
+    pat = re.compile(rf"c{c}-pass(\d+)-[ab]-\d+\.prom$")
+    return sorted({int(m.group(1)) for f in glob.glob(f"{d}/*.prom")
+                   if (m := pat.search(os.path.basename(f)))})
 
 
 def snapshots(d, c, p, arm):
@@ -102,6 +114,11 @@ def summary(snaps):
         "ctx_per_row": dc["decode_ctx"] / max(dc["gen"] - dc["finished"], 1.0),
         "pairs_per_prefill": dc["pairs"] / max(dc["batch"] - dc["gen"], 1.0),
         "has_work": dc["decode_ctx"] > 0,
+        # The mix of what finished: a window whose finished steps carry
+        # longer prompts or answers has done more work per step, whatever
+        # the policy (a 120 s window is about one program's life).
+        "prompt_per_fin": dc["prompt"] / fin,
+        "gen_per_fin": dc["gen"] / fin,
         **g,
     }
 
@@ -161,7 +178,7 @@ def cpu_split(snap):
 def print_cpu(d, names, conc):
     rows = []
     for c in conc.split(","):
-        for p in (1, 2):
+        for p in passes(d, c):
             for arm in ("a", "b"):
                 snap = threads(d, c, p, arm)
                 if snap is not None:
@@ -186,7 +203,7 @@ def main():
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sums = []
     for c in conc.split(","):
-        for p in (1, 2):
+        for p in passes(d, c):
             for arm in ("a", "b"):
                 s = summary(snapshots(d, c, p, arm))
                 if s is None:
@@ -213,11 +230,11 @@ def print_work(sums):
     print("What the forward computed over the window:")
     print()
     print("| programs | pass | arm | forward µs / planned token | context tokens / decode row "
-          "| attention pairs / prefill token |")
-    print("|---:|---:|---|---:|---:|---:|")
+          "| attention pairs / prefill token | prompt tokens / finished | generated / finished |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for c, p, arm, s in rows:
         print(f"| {c} | {p} | {arm} | {s['us_per_token']:.0f} | {s['ctx_per_row']:.0f} "
-              f"| {s['pairs_per_prefill']:.0f} |")
+              f"| {s['pairs_per_prefill']:.0f} | {s['prompt_per_fin']:.0f} | {s['gen_per_fin']:.1f} |")
 
 
 if __name__ == "__main__":
