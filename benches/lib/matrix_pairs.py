@@ -6,8 +6,9 @@ usage: matrix_pairs.py OUT
 OUT/<cell>/c<N>-pass<P>-{a,b}.json: arm a the program policy, b the
 request policy, both at once on their own core, swapped every other pass
 (pair.sh's PASSES). A ratio is the mean of the passes' same-moment ratios;
-rates, p50 and p99 are the means of the passes. "Of own peak" is the program policy's rate
-at this concurrency over its best in the cell. Stdlib only.
+rates, p50 and p99 are the means of the passes. "Of own peak" is the
+program policy's rate at this concurrency over its best in the cell.
+Stdlib only.
 """
 import glob
 import os

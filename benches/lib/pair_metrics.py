@@ -24,7 +24,7 @@ longer one (`pair-work-swe-48-avx2/`: the same contexts, the µs
 following the core). Its last two columns are the mix of what finished
 (prompt and generated tokens per finished request): steps/min counts
 steps, so an arm whose window finished longer steps ran more work at the
-same rate (`pair-passes-swe-48-steady/`: 3.2-4.5% longer prompts in the
+same rate (`pair-passes-swe-48-steady/`: 3.2-4.6% longer prompts in the
 program arm's two slowest passes).
 
 The last table splits each server's CPU time over the window by thread
